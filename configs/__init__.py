@@ -1,0 +1,1 @@
+"""The OmegaConf YAML files, shipped inside the package (read with importlib.resources)."""

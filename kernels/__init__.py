@@ -1,0 +1,20 @@
+"""LAVO and GSA attention as functions of `[batch, time, heads, dim]` tensors.
+
+`backend="auto"` runs the Triton kernels on CUDA tensors and the chunked PyTorch path
+otherwise (see `backend.resolve_backend`). The math is the design's ATTENTION.md; the
+slow token-loop references the tests compare against are in `lavo/reference.py` and
+`gsa/reference.py`. Tasks never import from here: they use `lavo_tasks.attention`.
+"""
+
+from .backend import resolve_backend
+from .gsa import gsa_attn, gsa_decode_step
+from .lavo import LavoDecodeState, lavo_attn, lavo_decode_step
+
+__all__ = [
+    "gsa_attn",
+    "gsa_decode_step",
+    "lavo_attn",
+    "lavo_decode_step",
+    "LavoDecodeState",
+    "resolve_backend",
+]

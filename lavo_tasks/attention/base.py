@@ -1,0 +1,46 @@
+"""What every attention block shares: the pattern check and the config check."""
+
+from omegaconf import DictConfig
+from torch import nn
+
+from ..errors import ConfigError
+
+PATTERN_NAMES = {
+    "CS": "causal self-attention",
+    "NS": "noncausal self-attention",
+    "CC": "causal cross-attention",
+    "NC": "noncausal cross-attention",
+}
+
+
+def pattern_of(causal: bool, cross: bool) -> str:
+    return ("C" if causal else "N") + ("C" if cross else "S")
+
+
+class AttentionBlock(nn.Module):
+    """Base class of the blocks; subclasses set `name` and `patterns` and implement
+    `check_config`, `init_state(batch_size, context=None, context_mask=None)` and
+    `forward(x, context=None, mask=None, context_mask=None, state=None) -> (y, state)`
+    (see the package docstring)."""
+
+    name: str = ""
+    patterns: frozenset[str] = frozenset()
+
+    def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
+        super().__init__()
+        self.pattern = pattern_of(causal, cross)
+        if self.pattern not in self.patterns:
+            supported = ", ".join(f"{p} ({PATTERN_NAMES[p]})" for p in sorted(self.patterns))
+            raise ConfigError(
+                f"attention {self.name!r} does not support {PATTERN_NAMES[self.pattern]} "
+                f"({self.pattern}); it supports: {supported}"
+            )
+        self.check_config(cfg, d_model, n_heads)
+        self.causal, self.cross = causal, cross
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int) -> None:
+        """Raise ConfigError naming `attention.<key>` for a bad value. Subclasses extend."""
+        if n_heads < 1 or d_model % n_heads:
+            raise ConfigError(f"model.n_heads={n_heads}: must be >= 1 and divide model.d_model={d_model}")

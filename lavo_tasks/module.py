@@ -1,0 +1,50 @@
+"""The LightningModule base every task module extends: optimiser, schedule, run paths."""
+
+import math
+from pathlib import Path
+
+import lightning as L
+import torch
+from omegaconf import DictConfig
+
+
+class TaskModule(L.LightningModule):
+    """AdamW with linear warm-up and cosine decay (the `optim.*` keys) and the run's
+    artifacts folder. Subclasses build the model and implement the steps."""
+
+    def __init__(self, cfg: DictConfig):
+        super().__init__()
+        self.cfg = cfg
+
+    @property
+    def artifacts_dir(self) -> Path:
+        path = Path(self.cfg.run.dir) / "artifacts"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        # Dropout and any other randomness in a step depend on (seed, step) only, so a
+        # resumed run repeats an uninterrupted one exactly.
+        torch.manual_seed(self.cfg.seed * 1_000_003 + self.global_step)
+
+    def configure_optimizers(self):
+        opt = self.cfg.optim
+        decay, no_decay = [], []
+        for p in self.parameters():
+            if p.requires_grad:
+                (decay if p.dim() >= 2 else no_decay).append(p)  # no decay on norms, biases, gains
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=opt.lr,
+        )
+        total = max(int(self.cfg.trainer.max_steps), 1)
+        warmup = min(int(opt.warmup_steps), total)
+
+        def lr_factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+            return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
