@@ -1,0 +1,356 @@
+"""Kernel benchmark: attention time and memory against sequence length, on one GPU.
+
+    python -m lavo_tasks.bench [--out DIR] [--lengths 1024,2048,...] [--ops softmax,lavo,...]
+
+The protocol is the design's PERFORMANCE.md: bf16 inputs, 16 heads of dim 64, a fixed
+65,536 tokens per step (batch = 65536 / T), forward and forward+backward (sum of the
+outputs, backward) as medians of `triton.testing.do_bench`, peak memory of one
+forward+backward from `torch.cuda.max_memory_allocated`; then B=1, T=128K; then decode
+latency per token with batch 8 against SDPA over a KV cache. Every attention runs in the
+same process, side by side:
+
+- softmax: torch SDPA with the FlashAttention backend, causal;
+- local: FlexAttention with a causal sliding window of 128;
+- lavo: `lavo_attn` (window 128, rank 64), the toolkit's kernels;
+- gsa: `gsa_attn` (64 slots), the toolkit's kernels;
+- fla_gsa: flash-linear-attention's `chunk_gsa` (the peer implementation of GSA), only
+  when that optional package is installed.
+
+Writes DIR/bench.jsonl (one JSON object per measurement) and DIR/bench.png, and prints
+a Markdown table. Needs CUDA: timings on a CPU mean nothing.
+"""
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+HEADS, HEAD_DIM, WINDOW, RANK, SLOTS = 16, 64, 128, 64, 64
+TOKENS_PER_STEP = 65536
+LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+LONG = 131072
+DECODE_CONTEXTS = (4096, 32768, 131072)
+DECODE_BATCH = 8
+ALL_OPS = ("softmax", "local", "lavo", "gsa", "fla_gsa")
+
+
+def _randn(*shape, device, grad=True):
+    return torch.randn(*shape, device=device, dtype=torch.bfloat16).requires_grad_(grad)
+
+
+# Each builder takes (B, T, device) and returns (forward callable -> tensor, leaf tensors).
+def softmax_op(B, T, device):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (_randn(B, HEADS, T, HEAD_DIM, device=device) for _ in range(3))
+
+    def fwd():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    return fwd, [q, k, v]
+
+
+_FLEX = {}
+
+
+def local_op(B, T, device):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if "fn" not in _FLEX:
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+
+    def sliding_window(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < WINDOW)
+
+    mask = create_block_mask(sliding_window, None, None, T, T, device=device)
+    q, k, v = (_randn(B, HEADS, T, HEAD_DIM, device=device) for _ in range(3))
+    return (lambda: _FLEX["fn"](q, k, v, block_mask=mask)), [q, k, v]
+
+
+def _orthonormal_basis(device):
+    basis = torch.linalg.qr(torch.randn(HEADS, HEAD_DIM, RANK, device=device)).Q.transpose(1, 2)  # [H, r, d]
+    return basis.contiguous().to(torch.bfloat16).requires_grad_(True)
+
+
+def lavo_op(B, T, device):
+    from lavo_tasks.kernels import lavo_attn
+
+    q, k, v = (_randn(B, T, HEADS, HEAD_DIM, device=device) for _ in range(3))
+    basis = _orthonormal_basis(device)
+    rel_bias = torch.zeros(HEADS, WINDOW, device=device, requires_grad=True)
+    mem_bias = torch.zeros(HEADS, device=device, requires_grad=True)
+    fwd = lambda: lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=WINDOW, causal=True)  # noqa: E731
+    return fwd, [q, k, v, basis, rel_bias, mem_bias]
+
+
+def _gates(B, T, device):
+    # log alpha = logsigmoid(f) / tau with tau = 8, as the GSA layer makes them
+    f = torch.randn(B, T, HEADS, SLOTS, device=device)
+    return (F.logsigmoid(f) / 8).requires_grad_(True)
+
+
+def gsa_op(B, T, device):
+    from lavo_tasks.kernels import gsa_attn
+
+    q, k, v = (_randn(B, T, HEADS, HEAD_DIM, device=device) for _ in range(3))
+    log_alpha = _gates(B, T, device)
+    return (lambda: gsa_attn(q, k, v, log_alpha)[0]), [q, k, v, log_alpha]
+
+
+def fla_gsa_op(B, T, device):
+    from fla.ops.gsa import chunk_gsa
+
+    q, k, v = (_randn(B, T, HEADS, HEAD_DIM, device=device) for _ in range(3))
+    log_alpha = _gates(B, T, device)
+
+    def fwd():
+        g = log_alpha.to(torch.bfloat16)
+        s = 1 - g.float().exp()  # the write weight, as fla's own GSA layer computes it
+        return chunk_gsa(q, k, v, s.to(torch.bfloat16), g)[0]
+
+    return fwd, [q, k, v, log_alpha]
+
+
+OPS: dict[str, Callable] = {
+    "softmax": softmax_op,
+    "local": local_op,
+    "lavo": lavo_op,
+    "gsa": gsa_op,
+    "fla_gsa": fla_gsa_op,
+}
+
+
+def measure(build: Callable, B: int, T: int, device) -> dict:
+    """Median fwd and fwd+bwd milliseconds and peak fwd+bwd memory of one op at (B, T)."""
+    from triton.testing import do_bench
+
+    torch.cuda.empty_cache()
+    fwd, leaves = build(B, T, device)
+
+    def fwd_bwd():
+        fwd().float().sum().backward()
+
+    fwd_bwd()  # compile / autotune outside the timings
+    torch.cuda.synchronize()
+    for t in leaves:
+        t.grad = None
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fwd_bwd()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    with torch.no_grad():
+        fwd_ms = do_bench(fwd, warmup=25, rep=100, return_mode="median")
+    fwd_bwd_ms = do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
+    return {"fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms, "peak_mib": peak / 2**20}
+
+
+def decode_latency(name: str, context: int, device) -> dict:
+    """Per-token latency of one attention decode step at batch 8 after `context` tokens,
+    and the bytes of the state the step carries."""
+    from triton.testing import do_bench
+
+    B, H, D = DECODE_BATCH, HEADS, HEAD_DIM
+    q, k, v = (torch.randn(B, H, D, device=device, dtype=torch.bfloat16) for _ in range(3))
+    if name == "softmax":
+        cache_k = torch.randn(B, H, context + 1, D, device=device, dtype=torch.bfloat16)
+        cache_v = torch.randn_like(cache_k)
+
+        def step():
+            cache_k[:, :, context] = k
+            cache_v[:, :, context] = v
+            return F.scaled_dot_product_attention(q[:, :, None], cache_k, cache_v)
+
+        state_bytes = 2 * cache_k[:, :, :context].numel() * cache_k.element_size()
+    elif name == "lavo":
+        from lavo_tasks.kernels import LavoDecodeState, lavo_decode_step
+
+        basis = _orthonormal_basis(device).detach()
+        rel_bias = torch.zeros(H, WINDOW, device=device)
+        mem_bias = torch.zeros(H, device=device)
+        state = LavoDecodeState.empty(B, H, D, RANK, WINDOW, device=device, dtype=torch.bfloat16)
+        state.mem_sum.normal_()
+        state.count += context
+
+        def step():
+            return lavo_decode_step(q, k, v, basis, rel_bias, mem_bias, state, window=WINDOW)[0]
+
+        state_bytes = sum(t.numel() * t.element_size() for t in state.tensors())
+    elif name in ("gsa", "fla_gsa"):
+        log_alpha = F.logsigmoid(torch.randn(B, H, SLOTS, device=device)) / 8
+        hk = torch.randn(B, H, SLOTS, D, device=device)
+        hv = torch.randn(B, H, SLOTS, D, device=device)
+        if name == "gsa":
+            from lavo_tasks.kernels import gsa_decode_step
+
+            step = lambda: gsa_decode_step(q, k, v, log_alpha, (hk, hv))[0]  # noqa: E731
+        else:
+            from fla.ops.gsa import fused_recurrent_gsa
+
+            g = log_alpha.to(torch.bfloat16)[:, None]
+            s = (1 - log_alpha.exp()).to(torch.bfloat16)[:, None]
+            hk_t = hk.transpose(-1, -2).contiguous()  # fla keeps K~ as [N, H, K, M]
+            step = lambda: fused_recurrent_gsa(  # noqa: E731
+                q[:, None], k[:, None], v[:, None], s, g, initial_state=(hk_t, hv), output_final_state=True
+            )[0]
+        state_bytes = (hk.numel() + hv.numel()) * 4
+    else:
+        raise ValueError(name)
+    with torch.no_grad():
+        step()
+        ms = do_bench(step, warmup=25, rep=100, return_mode="median")
+    kv_bytes = 2 * B * H * context * D * 2
+    return {"decode_ms": ms, "state_mib": state_bytes / 2**20, "kv_cache_mib": kv_bytes / 2**20}
+
+
+def available_ops(requested: list[str]) -> list[str]:
+    ops = []
+    for name in requested:
+        if name == "fla_gsa" and importlib.util.find_spec("fla") is None:
+            print("fla_gsa: flash-linear-attention is not installed; left out", file=sys.stderr)
+            continue
+        ops.append(name)
+    return ops
+
+
+def run(args) -> list[dict]:
+    device = torch.device("cuda")
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "heads": HEADS,
+        "head_dim": HEAD_DIM,
+        "dtype": "bfloat16",
+    }
+    ops = available_ops(args.ops)
+    rows = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "bench.jsonl").open("w")
+
+    def record(row):
+        row = {**meta, **row}
+        rows.append(row)
+        log.write(json.dumps(row) + "\n")
+        log.flush()
+        shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k not in meta}
+        print(json.dumps(shown), flush=True)
+
+    shapes = [(TOKENS_PER_STEP // T, T) for T in args.lengths] + ([(1, LONG)] if args.long else [])
+    for B, T in shapes:
+        for name in ops:
+            try:
+                record({"kind": "kernel", "op": name, "B": B, "T": T, **measure(OPS[name], B, T, device)})
+            except Exception as err:  # an op that fails or runs out of memory is recorded, not fatal
+                record({"kind": "kernel", "op": name, "B": B, "T": T, "error": f"{type(err).__name__}: {err}"[:300]})
+                torch.cuda.empty_cache()
+    for context in args.decode:
+        for name in [n for n in ops if n != "local"]:
+            try:
+                record({"kind": "decode", "op": name, "B": DECODE_BATCH, "T": context, **decode_latency(name, context, device)})
+            except Exception as err:
+                record({"kind": "decode", "op": name, "B": DECODE_BATCH, "T": context, "error": f"{type(err).__name__}: {err}"[:300]})
+    log.close()
+    plot(rows, out / "bench.png")
+    print(markdown_table(rows))
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    kernel = [r for r in rows if r["kind"] == "kernel"]
+    ops = list(dict.fromkeys(r["op"] for r in kernel))
+    shapes = list(dict.fromkeys((r["B"], r["T"]) for r in kernel))
+    cell = {(r["op"], r["B"], r["T"]): r for r in kernel}
+
+    def fmt(r, key):
+        return "error" if r is None or "error" in r else f"{r[key]:.2f}"
+
+    lines = ["| B x T | " + " | ".join(f"{op} fwd / fwd+bwd ms (peak MiB)" for op in ops) + " |",
+             "|---" * (len(ops) + 1) + "|"]
+    for B, T in shapes:
+        cells = []
+        for op in ops:
+            r = cell.get((op, B, T))
+            cells.append(f"{fmt(r, 'fwd_ms')} / {fmt(r, 'fwd_bwd_ms')} ({fmt(r, 'peak_mib')})")
+        lines.append(f"| {B} x {T} | " + " | ".join(cells) + " |")
+    decode = [r for r in rows if r["kind"] == "decode"]
+    if decode:
+        lines += ["", "| decode, batch 8 | context | ms per token | state MiB | KV cache MiB |", "|---|---|---|---|---|"]
+        for r in decode:
+            if "error" in r:
+                lines.append(f"| {r['op']} | {r['T']} | error | | |")
+            else:
+                lines.append(f"| {r['op']} | {r['T']} | {r['decode_ms']:.3f} | {r['state_mib']:.2f} | {r['kv_cache_mib']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kernel = [r for r in rows if r["kind"] == "kernel" and "error" not in r and r["B"] * r["T"] == TOKENS_PER_STEP]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for op in dict.fromkeys(r["op"] for r in kernel):
+        pts = sorted((r["T"], r["fwd_bwd_ms"], r["peak_mib"]) for r in kernel if r["op"] == op)
+        ax_t.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=op)
+        ax_m.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=op)
+    for ax, label in ((ax_t, "forward+backward ms (median)"), (ax_m, "peak forward+backward MiB")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(f"sequence length T (batch = {TOKENS_PER_STEP} / T)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    gpu = rows[0]["gpu"] if rows else ""
+    fig.suptitle(f"bf16, {HEADS} heads x {HEAD_DIM}, {gpu}, {rows[0]['date'] if rows else ''}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m lavo_tasks.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="bench_out", help="folder for bench.jsonl and bench.png")
+    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
+                   help="comma-separated T values (powers of two up to 65536)")
+    p.add_argument("--ops", default=",".join(ALL_OPS), help=f"comma-separated subset of {','.join(ALL_OPS)}")
+    p.add_argument("--no-long", dest="long", action="store_false", help="skip the B=1, T=128K run")
+    p.add_argument("--decode", default=",".join(map(str, DECODE_CONTEXTS)),
+                   help="comma-separated decode contexts ('' for none)")
+    args = p.parse_args(argv)
+    try:
+        args.lengths = [int(x) for x in args.lengths.split(",") if x]
+        args.decode = [int(x) for x in args.decode.split(",") if x]
+    except ValueError:
+        p.error("--lengths and --decode take comma-separated integers")
+    for T in args.lengths:
+        if T < 1 or TOKENS_PER_STEP % T or T & (T - 1):
+            p.error(f"--lengths: {T} is not a power of two dividing {TOKENS_PER_STEP}")
+    args.ops = [x for x in args.ops.split(",") if x]
+    unknown = [x for x in args.ops if x not in OPS]
+    if unknown:
+        p.error(f"--ops: unknown {', '.join(unknown)}; allowed {', '.join(ALL_OPS)}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: the benchmark needs a CUDA GPU (timings on a CPU mean nothing)", file=sys.stderr)
+        return 2
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
