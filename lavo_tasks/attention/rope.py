@@ -1,0 +1,30 @@
+"""Rotary position embedding (RoPE) for the `softmax` and `local` blocks.
+
+The models have no absolute position embedding; rotating queries and keys by angles
+proportional to their positions makes the score of a (query, key) pair depend on the
+distance between them only, so a model trained at one length runs at longer ones.
+"""
+
+import torch
+
+BASE = 10000.0
+
+
+def apply_rope(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """Rotate x [B, T, H, d] as if its positions were offset, offset+1, ..., offset+T-1.
+
+    Channel i is paired with channel i + d//2 (the "half split" layout) and the pair is
+    rotated by position * BASE ** (-i / (d//2)). With an odd head dim the last channel
+    is left as it is. Angles and the rotation are computed in fp32; the result has x's
+    dtype.
+    """
+    T, d = x.shape[1], x.shape[-1]
+    half = d // 2
+    inv_freq = BASE ** (-torch.arange(half, device=x.device, dtype=torch.float32) / max(half, 1))
+    positions = torch.arange(offset, offset + T, device=x.device, dtype=torch.float32)
+    angles = positions[:, None] * inv_freq[None, :]  # [T, half]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]  # [T, 1, half]: broadcast over B and H
+    xf = x.float()
+    x1, x2, rest = xf[..., :half], xf[..., half : 2 * half], xf[..., 2 * half :]
+    rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos, rest], dim=-1)
+    return rotated.to(x.dtype)
