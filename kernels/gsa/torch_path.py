@@ -145,10 +145,11 @@ def torch_gsa_attn(q, k, v, log_alpha, *, causal, cross, scale, initial_state,
     if cu_seqlens is not None:  # self-attention only: run the sequences as a padded batch
         cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.long)
         longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        packed_valid = kv_mask
-        (q, valid), (k, _), (v, _), (log_alpha, _) = (_unpack(x, cu_seqlens, longest) for x in (q, k, v, log_alpha))
-        if packed_valid is not None:
-            valid = valid & _unpack(packed_valid[..., None], cu_seqlens, longest)[0][..., 0]
+        (q, in_sequence), (k, _), (v, _), (log_alpha, _) = (_unpack(x, cu_seqlens, longest)
+                                                             for x in (q, k, v, log_alpha))
+        valid = in_sequence
+        if kv_mask is not None:
+            valid = valid & _unpack(kv_mask[..., None], cu_seqlens, longest)[0][..., 0]
     else:
         valid = kv_mask
     batch, heads, slots = q.shape[0], q.shape[2], log_alpha.shape[-1]
@@ -163,7 +164,7 @@ def torch_gsa_attn(q, k, v, log_alpha, *, causal, cross, scale, initial_state,
                        causal=causal, cross=cross, scale=scale)
     o = o.transpose(1, 2)
     if cu_seqlens is not None:  # padded [N, longest] -> packed [1, total]
-        o = o[valid][None]
+        o = o[in_sequence][None]
     return o.to(out_dtype), (final if output_final_state else None)
 
 
