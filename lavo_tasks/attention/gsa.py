@@ -1,0 +1,136 @@
+"""`gsa`: gated slot attention (ATTENTION.md section 2), every pattern, constant-size decode.
+
+The layer around the op follows the paper's released layer: q and k through swish,
+v through SiLU (the same function), per-head slot gates log alpha = logsigmoid(W_f x) / tau
+kept in fp32; the op's output goes SiLU -> RMSNorm (per head) -> output projection. In
+cross-attention the gates, keys and values come from the context, the queries from x.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import nn
+
+from ..errors import ConfigError
+from ..kernels import gsa_attn, gsa_decode_step
+from ..kernels.backend import BACKENDS
+from .base import AttentionBlock
+from .softmax import check_mask
+
+
+@dataclass
+class GsaDecodeState:
+    """Decode state of `gsa`, constant size in the number of target positions.
+
+    CS: `memory` holds the slots after the positions seen so far. CC: `source` holds the
+    context projected once (k, v, log alpha, mask) and `memory` the source scan advanced
+    to source position min(position - 1, m - 1). NC: `memory` is the final source state,
+    computed once; every query reads it.
+    """
+
+    memory: tuple[torch.Tensor, torch.Tensor]  # (K~ [B, H, M, d], V~ [B, H, M, d]) in fp32
+    source: tuple | None = None  # CC: (k [B,S,H,d], v [B,S,H,d], log_alpha [B,S,H,M], mask [B,S] or None)
+    position: int = 0  # target positions before the next call
+
+
+class GatedSlotAttention(AttentionBlock):
+    name = "gsa"
+    patterns = frozenset({"CS", "NS", "CC", "NC"})
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int) -> None:
+        super().check_config(cfg, d_model, n_heads)
+        slots, tau, backend = cfg.get("slots"), cfg.get("tau"), cfg.get("backend")
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ConfigError(f"attention.slots={slots!r}: must be an integer >= 1")
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0:
+            raise ConfigError(f"attention.tau={tau!r}: must be a number > 0")
+        if backend not in BACKENDS:
+            raise ConfigError(f"attention.backend={backend!r}: allowed {', '.join(BACKENDS)}")
+
+    def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
+        super().__init__(cfg, d_model, n_heads=n_heads, causal=causal, cross=cross)
+        self.slots, self.tau, self.backend = int(cfg.slots), float(cfg.tau), str(cfg.backend)
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.f_proj = nn.Linear(d_model, n_heads * self.slots, bias=False)
+        self.norm = nn.RMSNorm(self.head_dim)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def _queries(self, x):
+        return F.silu(self.q_proj(x)).view(*x.shape[:2], self.n_heads, self.head_dim)  # [B, T, H, d]
+
+    def _source(self, source):
+        """k, v [B, S, H, d] and log alpha [B, S, H, M] (fp32) of the positions written."""
+        shape = (*source.shape[:2], self.n_heads)
+        k = F.silu(self.k_proj(source)).view(*shape, self.head_dim)
+        v = F.silu(self.v_proj(source)).view(*shape, self.head_dim)
+        log_alpha = F.logsigmoid(self.f_proj(source).float()).view(*shape, self.slots) / self.tau
+        return k, v, log_alpha
+
+    def forward(self, x, context=None, mask=None, context_mask=None, state=None):
+        check_mask(mask, x, "mask")
+        if state is not None:
+            o, state = self._decode(x, mask, state)
+        else:
+            if self.cross != (context is not None):
+                need = "a context [B, S, D]" if self.cross else "no context"
+                raise ValueError(f"attention {self.name!r} ({self.pattern}) needs {need}")
+            source, kv_mask = (context, context_mask) if self.cross else (x, mask)
+            check_mask(kv_mask, source, "context_mask" if self.cross else "mask")
+            o, _ = gsa_attn(self._queries(x), *self._source(source), causal=self.causal, cross=self.cross,
+                            kv_mask=kv_mask, backend=self.backend)
+        y = self.out_proj(self.norm(F.silu(o)).reshape(x.shape))  # [B, T, H, d] -> [B, T, D]
+        if mask is not None:
+            y = y * mask[..., None]  # padded queries output 0
+        return y, state
+
+    def init_state(self, batch_size: int, context=None, context_mask=None) -> GsaDecodeState:
+        if self.pattern == "NS":
+            raise ValueError(f"attention {self.name!r}: noncausal self-attention (NS) cannot be decoded step by step")
+        weight = self.q_proj.weight
+        memory = tuple(weight.new_zeros(batch_size, self.n_heads, self.slots, self.head_dim, dtype=torch.float32)
+                       for _ in range(2))
+        if not self.cross:
+            return GsaDecodeState(memory)
+        if context is None:
+            raise ValueError(f"attention {self.name!r} ({self.pattern}): init_state needs the context")
+        check_mask(context_mask, context, "context_mask")
+        k, v, log_alpha = self._source(context)
+        if self.causal:
+            return GsaDecodeState(memory, source=(k, v, log_alpha, context_mask))
+        # NC: the final source state, once; a zero query stands in (its output is unused).
+        _, memory = gsa_attn(k.new_zeros(k.shape[0], 1, *k.shape[2:]), k, v, log_alpha, causal=False, cross=True,
+                             kv_mask=context_mask, output_final_state=True, backend=self.backend)
+        return GsaDecodeState(memory)
+
+    def _decode(self, x, mask, state: GsaDecodeState):
+        """Outputs of the t = x.shape[1] positions after state.position, and the new state."""
+        q, t = self._queries(x), x.shape[1]
+        if not self.cross:
+            k, v, log_alpha = self._source(x)
+            if t == 1 and mask is None:  # the one-token step of generation
+                o, memory = gsa_decode_step(q[:, 0], k[:, 0], v[:, 0], log_alpha[:, 0], state.memory,
+                                            backend=self.backend)
+                return o[:, None], GsaDecodeState(memory, position=state.position + 1)
+            o, memory = gsa_attn(q, k, v, log_alpha, initial_state=state.memory, output_final_state=True,
+                                 kv_mask=mask, backend=self.backend)
+            return o, GsaDecodeState(memory, position=state.position + t)
+        if self.causal:
+            # CC: these queries read source positions up to min(position + t, m) - 1, so the
+            # source scan advances by that segment (empty once the source is used up).
+            k, v, log_alpha, source_mask = state.source
+            segment = slice(state.position, min(state.position + t, k.shape[1]))
+            seg_mask = None if source_mask is None else source_mask[:, segment]
+            o, memory = gsa_attn(q, k[:, segment], v[:, segment], log_alpha[:, segment], causal=True, cross=True,
+                                 initial_state=state.memory, output_final_state=True, kv_mask=seg_mask,
+                                 backend=self.backend)
+            return o, GsaDecodeState(memory, source=state.source, position=state.position + t)
+        # NC: every query reads the final source state (an empty source writes nothing).
+        empty = q.new_zeros(q.shape[0], 0, *q.shape[2:])
+        o, _ = gsa_attn(q, empty, empty, empty.new_zeros(*empty.shape[:3], self.slots, dtype=torch.float32),
+                        causal=False, cross=True, initial_state=state.memory, backend=self.backend)
+        return o, GsaDecodeState(state.memory, position=state.position + t)
