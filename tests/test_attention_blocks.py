@@ -1,0 +1,294 @@
+"""Attention blocks: `softmax` and `local` against slow references, and the contract every
+registered block must keep (causality, decode == full forward, padding, patterns).
+
+The references below are written from the definitions (ATTENTION.md sections 3-4),
+in float64 with a loop over (batch, query, head); they share nothing with the blocks
+but the weights.
+"""
+
+import importlib.resources
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from lavo_tasks.attention import ATTENTION_NAMES, PATTERN_NAMES, block_class, build_attention
+from lavo_tasks.attention.rope import apply_rope
+from lavo_tasks.errors import ConfigError
+
+D_MODEL, N_HEADS, T = 16, 2, 9  # head dim 8
+# Small settings for the generic tests (on top of each attention's YAML defaults).
+SMALL = {"local": {"window": 4}, "lavo": {"window": 4, "rank": 4}, "gsa": {"slots": 5}}
+
+
+def attention_cfg(name: str, **overrides):
+    path = importlib.resources.files("lavo_tasks.configs") / "attention" / f"{name}.yaml"
+    cfg = OmegaConf.load(str(path)).attention
+    return OmegaConf.merge(cfg, SMALL.get(name, {}), overrides)
+
+
+def make_block(name: str, pattern: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    return build_attention(
+        attention_cfg(name, **overrides), D_MODEL, n_heads=N_HEADS, causal=pattern[0] == "C", cross=pattern[1] == "C"
+    )
+
+
+def assert_near(actual: torch.Tensor, expected: torch.Tensor, tol: float = 1e-4) -> None:
+    """Max abs error within tol relative to the expected tensor's max abs (ATTENTION.md 4)."""
+    err = (actual.double() - expected.double()).abs().max().item()
+    bound = tol * max(expected.abs().max().item(), 1e-3)
+    assert err <= bound, f"max abs error {err:.3g} > {bound:.3g}"
+
+
+# --------------------------------------------------------------------------------------
+# Rotary positions
+
+
+def rope_reference(u: torch.Tensor, position: int) -> torch.Tensor:
+    """One vector u [d] at `position`: channels (i, i + d//2) as the complex number
+    u_i + 1j u_{i+d/2}, multiplied by exp(1j * position * 10000 ** (-i / (d/2)))."""
+    half = u.shape[0] // 2
+    z = torch.complex(u[:half].double(), u[half : 2 * half].double())
+    freq = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)
+    z = z * torch.exp(1j * position * freq)
+    return torch.cat([z.real, z.imag, u[2 * half :].double()])
+
+
+def test_rope_hand_computed():
+    # d = 2: one pair, frequency 1; (1, 0) at position 1 turns by 1 radian, (0, 2) at 3 by 3.
+    x = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 2.0]]).view(1, 3, 1, 2)
+    y = apply_rope(x, offset=1)
+    expected = torch.tensor([[math.cos(1), math.sin(1)], [0.0, 0.0], [-2 * math.sin(3), 2 * math.cos(3)]])
+    assert_near(y.view(3, 2), expected, 1e-6)
+    # An odd head dim leaves the last channel alone.
+    x = torch.randn(1, 4, 2, 5)
+    y = apply_rope(x, offset=7)
+    assert torch.equal(y[..., 4], x[..., 4])
+    for t in range(4):
+        assert_near(y[0, t, 1], rope_reference(x[0, t, 1], 7 + t), 1e-6)
+
+
+def test_rope_scores_depend_on_distance_only():
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+    scores = [(apply_rope(q, p + 3) * apply_rope(k, p)).sum().item() for p in (0, 5, 1000)]
+    assert scores[1] == pytest.approx(scores[0], rel=1e-4) and scores[2] == pytest.approx(scores[0], rel=1e-4)
+    assert (apply_rope(q, 4) * apply_rope(k, 0)).sum().item() != pytest.approx(scores[0], rel=1e-3)
+
+
+# --------------------------------------------------------------------------------------
+# softmax and local against the reference
+
+
+def reference_attention(block, x, context=None, mask=None, context_mask=None, *, visible):
+    """Multi-head attention with the block's weights, float64, one query at a time.
+    visible(t, j, m) says whether query t may see source position j of m."""
+    w_q = block.q_proj.weight.double()
+    w_k, w_v = block.kv_proj.weight.double().chunk(2, dim=0)
+    w_o = block.out_proj.weight.double()
+    cross = context is not None
+    x = x.double()
+    src = context.double() if cross else x
+    key_mask = context_mask if cross else mask
+    B, n, D = x.shape
+    m, H = src.shape[1], block.n_heads
+    d = D // H
+    q, k, v = (x @ w_q.T).view(B, n, H, d), (src @ w_k.T).view(B, m, H, d), (src @ w_v.T).view(B, m, H, d)
+    if not cross:  # rotary positions, self-attention only
+        q = torch.stack([torch.stack([rope_reference(q[b, t, h], t) for h in range(H)]) for b in range(B) for t in range(n)])
+        k = torch.stack([torch.stack([rope_reference(k[b, j, h], j) for h in range(H)]) for b in range(B) for j in range(m)])
+        q, k = q.view(B, n, H, d), k.view(B, m, H, d)
+    rows = []
+    for b in range(B):
+        for t in range(n):
+            for h in range(H):
+                js = [j for j in range(m) if (key_mask is None or key_mask[b, j]) and visible(t, j, m)]
+                if (mask is not None and not mask[b, t]) or not js:
+                    rows.append(torch.zeros(d, dtype=torch.float64))
+                    continue
+                scores = torch.stack([q[b, t, h] @ k[b, j, h] for j in js]) / math.sqrt(d)
+                p = torch.softmax(scores, dim=0)
+                rows.append(sum(p[i] * v[b, j, h] for i, j in enumerate(js)))
+    out = torch.stack(rows).view(B, n, D) @ w_o.T
+    return out if mask is None else out * mask[..., None]
+
+
+def full(t, j, m):
+    return True
+
+
+def causal_self(t, j, m):
+    return j <= t
+
+
+def causal_cross(t, j, m):
+    return j <= min(t, m - 1)
+
+
+def padding_mask(length: int) -> torch.Tensor:
+    """Batch 0: all real; batch 1: the last 3 are padding; batch 2: the first 2 are."""
+    mask = torch.ones(3, length, dtype=torch.bool)
+    mask[1, length - 3 :] = False
+    mask[2, :2] = False
+    return mask
+
+
+def check_against_reference(block, x, context, mask, context_mask, visible):
+    """Outputs and the gradients of x and context, fp32 block vs float64 reference."""
+    inputs = [x] + ([context] if context is not None else [])
+    for t in inputs:
+        t.requires_grad_(True)
+    y, state = block(x, context=context, mask=mask, context_mask=context_mask)
+    assert state is None
+    y_ref = reference_attention(block, x, context, mask, context_mask, visible=visible)
+    assert_near(y, y_ref)
+    if mask is not None:
+        assert torch.equal(y[~mask], torch.zeros_like(y[~mask]))
+    weight = torch.randn_like(y_ref)
+    grads = torch.autograd.grad((y * weight).sum(), inputs)
+    grads_ref = torch.autograd.grad((y_ref * weight).sum(), inputs)
+    for g, g_ref in zip(grads, grads_ref):
+        assert torch.isfinite(g).all()
+        assert_near(g, g_ref)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("pattern", ["CS", "NS"])
+def test_softmax_self_matches_reference(pattern, padded):
+    block = make_block("softmax", pattern)
+    x = torch.randn(3, T, D_MODEL)
+    mask = padding_mask(T) if padded else None
+    check_against_reference(block, x, None, mask, None, causal_self if pattern == "CS" else full)
+
+
+@pytest.mark.parametrize("m", [5, 12])  # source shorter and longer than the target
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("pattern", ["CC", "NC"])
+def test_softmax_cross_matches_reference(pattern, padded, m):
+    block = make_block("softmax", pattern)
+    x, context = torch.randn(3, T, D_MODEL), torch.randn(3, m, D_MODEL)
+    # With the source's first 2 positions padded, CC queries 0 and 1 see no key: output 0.
+    mask, context_mask = (padding_mask(T), padding_mask(m)) if padded else (None, None)
+    check_against_reference(block, x, context, mask, context_mask, causal_cross if pattern == "CC" else full)
+
+
+@pytest.mark.parametrize("length", [7, 13])
+@pytest.mark.parametrize(("pattern", "window"), [("CS", 1), ("CS", 3), ("CS", 4), ("CS", 20), ("NS", 2), ("NS", 4)])
+def test_local_matches_reference(pattern, window, length):
+    block = make_block("local", pattern, window=window)
+    if pattern == "CS":
+        def visible(t, j, m):
+            return t - window < j <= t
+    else:
+        def visible(t, j, m):
+            return abs(t - j) <= window // 2
+    x = torch.randn(3, length, D_MODEL)
+    check_against_reference(block, x, None, padding_mask(length), None, visible)
+    check_against_reference(block, x.detach(), None, None, None, visible)
+
+
+def test_local_config_errors():
+    for bad in (0, -2, 2.5):
+        with pytest.raises(ConfigError, match=r"attention\.window"):
+            make_block("local", "CS", window=bad)
+    with pytest.raises(ConfigError, match=r"attention\.window=3.*even"):
+        make_block("local", "NS", window=3)
+
+
+def test_softmax_rejects_wrong_inputs():
+    block = make_block("softmax", "NC")
+    x = torch.randn(2, T, D_MODEL)
+    with pytest.raises(ValueError, match="context"):
+        block(x)
+    with pytest.raises(ValueError, match="context_mask"):
+        block(x, context=x, context_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="NS"):
+        make_block("softmax", "NS").init_state(2)
+
+
+# --------------------------------------------------------------------------------------
+# The contract of every registered attention
+
+
+def patterns_of(name: str) -> frozenset:
+    """The block's patterns; a block that does not even import is given every pattern,
+    so that its tests fail (with the import error) rather than vanish."""
+    try:
+        return block_class(name).patterns
+    except ImportError:
+        return frozenset(PATTERN_NAMES)
+
+
+def supported(patterns):
+    return [(name, p) for name in ATTENTION_NAMES for p in sorted(patterns_of(name)) if p in patterns]
+
+
+def unsupported():
+    return [(name, p) for name in ATTENTION_NAMES for p in PATTERN_NAMES if p not in patterns_of(name)]
+
+
+def run(block, x, context=None, **kwargs):
+    return block(x, context=context, **kwargs)[0]
+
+
+@pytest.mark.parametrize(("name", "pattern"), supported({"CS", "CC"}))
+def test_causal_prefix(name, pattern):
+    """CAB's check: the output at t on the whole input == on the input cut after t (the
+    target and, in CC, the source)."""
+    block = make_block(name, pattern)
+    for m in [12, 5] if pattern == "CC" else [None]:
+        x = torch.randn(2, T, D_MODEL)
+        context = torch.randn(2, m, D_MODEL) if m else None
+        y = run(block, x, context)
+        for t in range(T):
+            cut = context[:, : min(t + 1, m)] if m else None
+            assert_near(run(block, x[:, : t + 1], cut)[:, t], y[:, t])
+
+
+@pytest.mark.parametrize(("name", "pattern"), supported({"CS", "CC", "NC"}))
+def test_decode_matches_full_forward(name, pattern):
+    """Token by token, and in uneven chunks, through the decode state."""
+    block = make_block(name, pattern)
+    for m in [12, 5] if pattern != "CS" else [None]:
+        x = torch.randn(3, T, D_MODEL)
+        context = torch.randn(3, m, D_MODEL) if m else None
+        context_mask = padding_mask(m) if m else None
+        y = run(block, x, context, context_mask=context_mask)
+        with torch.no_grad():
+            for sizes in ([1] * T, [3, 1, T - 4]):
+                state = block.init_state(3, context=context, context_mask=context_mask)
+                outs, start = [], 0
+                for size in sizes:
+                    out, state = block(x[:, start : start + size], context=context, state=state)
+                    outs.append(out)
+                    start += size
+                assert_near(torch.cat(outs, dim=1), y)
+
+
+@pytest.mark.parametrize(("name", "pattern"), supported({"CS", "NS", "CC", "NC"}))
+def test_padding_invariance(name, pattern):
+    """Padded positions' values change nothing; padded queries output 0 (self)."""
+    block = make_block(name, pattern)
+    x = torch.randn(3, T, D_MODEL)
+    mask = padding_mask(T)
+    if pattern[1] == "S":
+        y = run(block, x, mask=mask)
+        assert torch.equal(y[~mask], torch.zeros_like(y[~mask]))
+        x2 = torch.where(mask[..., None], x, 100 * torch.randn_like(x))
+        assert_near(run(block, x2, mask=mask), y)
+    else:
+        context = torch.randn(3, 12, D_MODEL)
+        context_mask = padding_mask(12)
+        y = run(block, x, context, context_mask=context_mask)
+        context2 = torch.where(context_mask[..., None], context, 100 * torch.randn_like(context))
+        assert_near(run(block, x, context2, context_mask=context_mask), y)
+        # Padding must matter, or the check above proves nothing.
+        assert not torch.allclose(run(block, x, context2), y, atol=1e-3)
+
+
+@pytest.mark.parametrize(("name", "pattern"), unsupported())
+def test_unsupported_pattern_raises(name, pattern):
+    with pytest.raises(ConfigError) as err:
+        make_block(name, pattern)
+    assert repr(name) in str(err.value) and f"({pattern})" in str(err.value)
