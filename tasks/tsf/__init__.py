@@ -1,0 +1,50 @@
+"""Long sequence time-series forecasting (`task=tsf`): an Informer-style encoder-decoder.
+
+Design TASKS.md "Long sequence time-series forecasting": the ETT / Informer CSV layout
+(or the embedded gluonts-made default), modes S / M / MS, MSE / MAE on scaled values,
+MASE / sMAPE / ND through gluonts, forecast-vs-truth plots.
+"""
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from lavo_tasks.config import site_attention
+from lavo_tasks.errors import ConfigError
+
+from .data import MODES
+from .data import TSFDataModule as DataModule
+from .module import TSFModule as Module
+
+
+def check_config(cfg: DictConfig) -> None:
+    """ConfigError naming the first forecasting key out of range."""
+    data, model = cfg.data, cfg.model
+    rules = [
+        ("data.mode", data.mode in MODES, f"one of {', '.join(MODES)}"),
+        ("data.target", bool(data.target), "a column name"),
+        ("data.seq_len", data.seq_len >= 1, ">= 1"),
+        ("data.pred_len", data.pred_len >= 1, ">= 1"),
+        ("data.label_len", 0 <= data.label_len <= data.seq_len, f"in [0, data.seq_len={data.seq_len}]"),
+        ("model.encoder_layers", model.encoder_layers >= 1, ">= 1"),
+        ("model.decoder_layers", model.decoder_layers >= 1, ">= 1"),
+        ("model.d_ff", model.d_ff >= 1, ">= 1"),
+        ("model.dropout", 0 <= model.dropout < 1, "in [0, 1)"),
+    ]
+    for key, ok, allowed in rules:
+        if not ok:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r}: must be {allowed}")
+    if data.freq:
+        try:
+            pd.tseries.frequencies.to_offset(data.freq)
+        except ValueError:
+            raise ConfigError(f"data.freq={data.freq!r}: not a pandas frequency (e.g. h, 15min, D), or \"\"") from None
+    cross = site_attention(cfg, "cross_attention").name
+    if cross == "local":
+        source = "model.cross_attention" if model.cross_attention else "attention"
+        raise ConfigError(
+            f"{source}=local: local attention has no cross-attention pattern, which the decoder needs; "
+            "set model.cross_attention to softmax, lavo or gsa"
+        )
+
+
+__all__ = ["DataModule", "Module", "check_config"]

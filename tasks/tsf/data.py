@@ -1,0 +1,286 @@
+"""Data for long sequence time-series forecasting: the ETT / Informer CSV layout.
+
+A file has a `date` column and numeric columns, one row per time step (ETTh1.csv:
+`date,HUFL,HULL,MUFL,MULL,LUFL,LULL,OT`). It is cut into train / validation / test
+rows as Informer does:
+
+- hourly files with at least 14,400 rows (ETTh): 12 / 4 / 4 months of 30 days,
+  rows [0, 8640), [8640 - L, 11520), [11520 - L, 14400), L = data.seq_len (the
+  validation and test slices start L rows early so that their first window has a full
+  look-back); rows after 14,400 are not used, as in Informer;
+- 15-minute files with at least 57,600 rows (ETTm): the same months, 4 rows an hour;
+- any other file: 70 / 10 / 20 % of the rows, with the same look-back overlap.
+
+Values are z-scored with the mean and (population) standard deviation of the training
+rows only. A window starting at row i of a slice gives the encoder rows [i, i + L) and
+the decoder rows [i + L - label_len, i + L + pred_len): `label_len` known steps and
+`pred_len` steps to forecast. Every window of a slice is used (stride 1).
+
+The embedded default (`data.path: ""`) is a 14,400-row hourly series made with
+`gluonts.dataset.artificial` and written once to `<run.dir>/data/synthetic_hourly.csv`;
+the same reader loads it, and its length gives it the ETTh split.
+"""
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pandas as pd
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader, Dataset
+
+from ...data import StepBatchSampler
+from ...errors import ConfigError, DataError
+
+MODES = ("S", "M", "MS")
+SPLITS = ("train", "val", "test")
+TIME_FEATURES = ("month", "day", "weekday", "hour", "minute")
+TIME_FEATURE_SIZES = (12, 31, 7, 24, 60)  # values are 0-based: month 0..11, day 0..30, ...
+
+ETT_MONTH_ROWS = 30 * 24  # an ETTh "month": 30 days of hourly rows
+ETT_LAYOUTS = {"h": 1, "15min": 4}  # frequency -> rows per hour
+
+DEFAULT_FILE = "synthetic_hourly.csv"
+DEFAULT_ROWS = 14_400  # exactly the ETTh 12/4/4-month split
+DEFAULT_DATA_SEED = 2016  # the default series is the same for every run, whatever `seed`
+
+
+@dataclass
+class Series:
+    """A CSV file read and checked: `values` [rows, columns] float64 in file order."""
+
+    path: Path
+    dates: pd.DatetimeIndex
+    columns: list[str]
+    values: np.ndarray
+
+
+def read_series_csv(path: Path) -> Series:
+    """Read a `date` + numeric columns CSV; DataError naming the file, line and column
+    of the first problem (line numbers count the header as line 1)."""
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: not a readable CSV file ({str(err).splitlines()[0]})") from None
+    if "date" not in frame.columns:
+        raise DataError(f"{path}: no 'date' column; the header has {', '.join(map(str, frame.columns))}")
+    columns = [c for c in frame.columns if c != "date"]
+    if not columns:
+        raise DataError(f"{path}: no value columns besides 'date'")
+
+    dates = pd.to_datetime(frame["date"], errors="coerce")
+    if dates.isna().any():
+        row = int(np.flatnonzero(dates.isna().to_numpy())[0])
+        raise DataError(f"{path}: line {row + 2}, column 'date': {frame['date'][row]!r} is not a date")
+    steps = np.diff(dates.to_numpy()).astype(np.int64)
+    if (steps <= 0).any():
+        row = int(np.flatnonzero(steps <= 0)[0]) + 1
+        raise DataError(f"{path}: line {row + 2}, column 'date': {frame['date'][row]} does not come after the line before")
+
+    values = np.empty((len(frame), len(columns)), dtype=np.float64)
+    for j, name in enumerate(columns):
+        numbers = pd.to_numeric(frame[name], errors="coerce")
+        bad = numbers.isna().to_numpy()
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{path}: line {row + 2}, column {name!r}: {frame[name][row]!r} is not a number")
+        values[:, j] = numbers.to_numpy()
+    return Series(path, pd.DatetimeIndex(dates), columns, values)
+
+
+def infer_freq(dates: pd.DatetimeIndex) -> str:
+    """The most common step between consecutive dates, as a pandas offset alias ("h", "15min")."""
+    if len(dates) < 2:
+        raise DataError("the series needs at least two rows to tell its frequency")
+    steps = pd.Series(np.diff(dates.to_numpy()))
+    return pd.tseries.frequencies.to_offset(pd.Timedelta(steps.mode().iloc[0])).freqstr
+
+
+def split_borders(n_rows: int, freq: str, seq_len: int) -> dict[str, tuple[int, int]]:
+    """Row ranges [start, end) of the train / val / test slices (see the module docstring)."""
+    per_hour = ETT_LAYOUTS.get(freq)
+    if per_hour is not None and n_rows >= 20 * ETT_MONTH_ROWS * per_hour:
+        month = ETT_MONTH_ROWS * per_hour
+        train_end, val_end, test_end = 12 * month, 16 * month, 20 * month
+    else:
+        train_end = int(n_rows * 0.7)
+        test_rows = int(n_rows * 0.2)
+        val_end, test_end = n_rows - test_rows, n_rows
+    return {
+        "train": (0, train_end),
+        "val": (max(train_end - seq_len, 0), val_end),
+        "test": (max(val_end - seq_len, 0), test_end),
+    }
+
+
+def time_features(dates: pd.DatetimeIndex) -> np.ndarray:
+    """[rows, 5] int64: month 0..11, day of month 0..30, weekday 0..6 (Monday 0), hour, minute."""
+    return np.stack(
+        [dates.month - 1, dates.day - 1, dates.weekday, dates.hour, dates.minute], axis=1
+    ).astype(np.int64)
+
+
+def write_default_csv(path: Path, rows: int = DEFAULT_ROWS, seed: int = DEFAULT_DATA_SEED) -> None:
+    """Write the embedded default: hourly rows from 2016-07-01, six `load_*` channels and
+    the target `OT`, in the ETT layout.
+
+    Each load is a level plus daily and weekly seasonality (random phases), a slow linear
+    trend, an AR(1) component and white noise; `OT` mixes the loads with its own lagged
+    daily cycle and a slow AR(1) drift, so multivariate input helps to forecast it. The
+    pieces are `gluonts.dataset.artificial.recipe` generators; gluonts seeds numpy's
+    global generator, whose state is restored afterwards.
+    """
+    with warnings.catch_warnings():  # gluonts suggests faster json packages on import
+        warnings.simplefilter("ignore")
+        from gluonts.dataset.artificial import recipe as rcp
+
+    rng = np.random.default_rng(seed)
+    loads = []
+    for _ in range(6):
+        loads.append(
+            rng.uniform(8, 16)
+            + rng.uniform(1, 4) * rcp.SmoothSeasonality(period=24, phase=float(rng.uniform(0, 24)))
+            + rng.uniform(0.5, 2) * rcp.SmoothSeasonality(period=24 * 7, phase=float(rng.uniform(0, 168)))
+            + rcp.LinearTrend(slope=float(rng.uniform(-2, 2)))
+            + rcp.ARp(phi=[0.9], sigma=float(rng.uniform(0.1, 0.3)))
+            + rcp.RandomGaussian(stddev=float(rng.uniform(0.05, 0.2)))
+        )
+    weights = rng.uniform(0.1, 0.4, size=len(loads))
+    oil = (
+        5.0
+        + sum(float(w) * x for w, x in zip(weights, loads))
+        + 3.0 * rcp.SmoothSeasonality(period=24, phase=6.0)
+        + rcp.ARp(phi=[0.99], sigma=0.1)
+        + rcp.RandomGaussian(stddev=0.1)
+    )
+    recipe = {**{f"load_{i + 1}": x for i, x in enumerate(loads)}, "OT": oil}
+
+    start = pd.Period("2016-07-01 00:00", freq="h")
+    numpy_state = np.random.get_state()
+    try:
+        with warnings.catch_warnings():  # gluonts warns that numba is missing (it only makes AR slower)
+            warnings.simplefilter("ignore")
+            entry = next(rcp.generate(rows, recipe, start, seed=seed))
+    finally:
+        np.random.set_state(numpy_state)
+
+    frame = pd.DataFrame({"date": pd.date_range(start.to_timestamp(), periods=rows, freq="h")})
+    for name in recipe:
+        frame[name] = entry[name]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    frame.to_csv(tmp, index=False, float_format="%.4f", date_format="%Y-%m-%d %H:%M:%S")
+    tmp.replace(path)  # a reader never sees a half-written file
+
+
+class WindowDataset(Dataset):
+    """All windows of one slice. Item: `x` [seq_len, C] and `x_mark` [seq_len, 5] for the
+    encoder, `y` [label_len + pred_len, C] and `y_mark` [label_len + pred_len, 5] for the
+    decoder (its last pred_len rows are the truth to forecast), and `start`: the row of
+    the whole file where the forecast begins."""
+
+    def __init__(self, values: np.ndarray, marks: np.ndarray, first_row: int, seq_len: int, label_len: int, pred_len: int):
+        self.values = torch.as_tensor(values, dtype=torch.float32)
+        self.marks = torch.as_tensor(marks)
+        self.first_row = first_row
+        self.seq_len, self.label_len, self.pred_len = seq_len, label_len, pred_len
+
+    def __len__(self) -> int:
+        return len(self.values) - self.seq_len - self.pred_len + 1
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        enc_end = i + self.seq_len
+        dec = slice(enc_end - self.label_len, enc_end + self.pred_len)
+        return {
+            "x": self.values[i:enc_end],
+            "x_mark": self.marks[i:enc_end],
+            "y": self.values[dec],
+            "y_mark": self.marks[dec],
+            "start": torch.tensor(self.first_row + enc_end),
+        }
+
+
+class TSFDataModule(L.LightningDataModule):
+    """Reads the file (or writes the default), splits, scales; `setup` makes
+    `self.datasets[split]` and the facts the model needs: `n_inputs` (channels fed to
+    encoder and decoder), `n_outputs` (channels forecast, the last `n_outputs` inputs),
+    `mean` / `std` of the input channels, `raw` [rows, n_inputs] the unscaled values of
+    the whole file, `freq`."""
+
+    def __init__(self, cfg: DictConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.path = Path(cfg.data.path) if cfg.data.path else self.default_path(cfg)
+        self.datasets: dict[str, WindowDataset] = {}
+
+    @staticmethod
+    def default_path(cfg: DictConfig) -> Path:
+        if not cfg.run.dir:
+            raise ConfigError("run.dir is empty: the default series (data.path='') is written under <run.dir>/data/")
+        return Path(cfg.run.dir) / "data" / DEFAULT_FILE
+
+    def prepare_data(self) -> None:
+        if not self.cfg.data.path and not self.path.exists():
+            write_default_csv(self.path)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        data = self.cfg.data
+        series = read_series_csv(self.path)
+        if data.target not in series.columns:
+            raise ConfigError(
+                f"data.target={data.target!r}: no such column in {self.path}; its columns are {', '.join(series.columns)}"
+            )
+        # Informer's column order: the target last, so that MS forecasts the last channel.
+        if data.mode == "S":
+            columns = [data.target]
+        else:
+            columns = [c for c in series.columns if c != data.target] + [data.target]
+        raw = series.values[:, [series.columns.index(c) for c in columns]]  # [rows, n_inputs]
+        self.freq = data.freq or infer_freq(series.dates)
+        borders = split_borders(len(raw), self.freq, data.seq_len)
+
+        train = raw[slice(*borders["train"])]
+        self.mean = train.mean(axis=0)
+        std = train.std(axis=0)
+        self.std = np.where(std > 0, std, 1.0)  # a constant training channel is only centred
+        scaled = (raw - self.mean) / self.std
+        marks = time_features(series.dates)
+
+        for split in SPLITS:
+            start, end = borders[split]
+            windows = end - start - data.seq_len - data.pred_len + 1
+            if windows < 1:
+                raise DataError(
+                    f"{self.path}: the {split} split has {end - start} rows (rows {start}..{end - 1}), fewer than "
+                    f"data.seq_len + data.pred_len = {data.seq_len + data.pred_len}"
+                )
+            self.datasets[split] = WindowDataset(
+                scaled[start:end], marks[start:end], start, data.seq_len, data.label_len, data.pred_len
+            )
+        self.raw = raw
+        self.columns = columns
+        self.n_inputs = len(columns)
+        self.n_outputs = 1 if data.mode == "MS" else self.n_inputs
+
+    def train_dataloader(self) -> DataLoader:
+        start_step = self.trainer.global_step if self.trainer is not None else 0
+        sampler = StepBatchSampler(len(self.datasets["train"]), self.cfg.data.batch_size, self.cfg.seed, start_step)
+        return DataLoader(self.datasets["train"], batch_sampler=sampler, num_workers=self.cfg.data.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        # A fixed shuffled order, so that `trainer.limit_val_batches` samples the whole
+        # validation period instead of its first days.
+        order = torch.randperm(len(self.datasets["val"]), generator=torch.Generator().manual_seed(0)).tolist()
+        return DataLoader(
+            self.datasets["val"], batch_size=self.cfg.data.batch_size, sampler=order, num_workers=self.cfg.data.num_workers
+        )
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.datasets["test"], batch_size=self.cfg.data.batch_size, num_workers=self.cfg.data.num_workers)

@@ -1,0 +1,86 @@
+"""Informer-style encoder-decoder forecaster built from the shared layers.
+
+    encoder: embed(x, x_mark) over seq_len steps -> N x TransformerEncoderLayer (NS)
+    decoder: embed([y_known, zeros], y_mark) over label_len + pred_len steps
+             -> M x TransformerDecoderLayer (causal self, CS; noncausal cross, NC)
+    head:    the last pred_len decoder positions -> Linear -> n_outputs channels
+
+The embedding is Informer's: a circular convolution of width 3 over the values, plus
+fixed sinusoidal positions, plus a learned embedding of each calendar feature (month,
+day, weekday, hour, minute), summed. Each of the three attention sites takes its own
+attention config (encoder self, decoder self, decoder->encoder cross).
+"""
+
+import math
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from ...layers import TransformerDecoderLayer, TransformerEncoderLayer
+from .data import TIME_FEATURE_SIZES
+
+
+def sinusoidal_positions(length: int, d_model: int, device=None) -> torch.Tensor:
+    """[length, d_model]: sin on even, cos on odd features (Vaswani et al.)."""
+    position = torch.arange(length, device=device, dtype=torch.float32)[:, None]
+    frequency = torch.exp(torch.arange(0, d_model, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(length, d_model, device=device)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)[:, : d_model // 2]
+    return table
+
+
+class SeriesEmbedding(nn.Module):
+    """values [B, T, C] and calendar features [B, T, 5] -> [B, T, d_model]."""
+
+    def __init__(self, n_channels: int, d_model: int, dropout: float):
+        super().__init__()
+        self.values = nn.Conv1d(n_channels, d_model, kernel_size=3, padding=1, padding_mode="circular", bias=False)
+        self.calendar = nn.ModuleList(nn.Embedding(size, d_model) for size in TIME_FEATURE_SIZES)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, values: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
+        h = self.values(values.transpose(1, 2)).transpose(1, 2)  # [B, C, T] -> [B, D, T] -> [B, T, D]
+        h = h + sinusoidal_positions(values.shape[1], h.shape[-1], values.device)
+        for j, embedding in enumerate(self.calendar):
+            h = h + embedding(marks[..., j])
+        return self.drop(h)
+
+
+class Forecaster(nn.Module):
+    def __init__(self, n_inputs: int, n_outputs: int, *, d_model: int, n_heads: int, encoder_layers: int,
+                 decoder_layers: int, d_ff: int, dropout: float, encoder_attention: DictConfig,
+                 decoder_attention: DictConfig, cross_attention: DictConfig):
+        super().__init__()
+        self.n_outputs = n_outputs
+        self.encoder_embedding = SeriesEmbedding(n_inputs, d_model, dropout)
+        self.decoder_embedding = SeriesEmbedding(n_inputs, d_model, dropout)
+        self.encoder = nn.ModuleList(
+            TransformerEncoderLayer(d_model, n_heads, encoder_attention, d_ff=d_ff, dropout=dropout)
+            for _ in range(encoder_layers)
+        )
+        self.decoder = nn.ModuleList(
+            TransformerDecoderLayer(d_model, n_heads, decoder_attention, cross_attention, d_ff=d_ff, dropout=dropout,
+                                    cross_causal=False)
+            for _ in range(decoder_layers)
+        )
+        self.encoder_norm = nn.LayerNorm(d_model)
+        self.decoder_norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, n_outputs)
+
+    def forward(self, x: torch.Tensor, x_mark: torch.Tensor, y_known: torch.Tensor, y_mark: torch.Tensor) -> torch.Tensor:
+        """x [B, seq_len, C], x_mark [B, seq_len, 5]; y_known [B, label_len, C] (the last
+        label_len input steps); y_mark [B, label_len + pred_len, 5].
+        Returns the forecast [B, pred_len, n_outputs]."""
+        pred_len = y_mark.shape[1] - y_known.shape[1]
+        memory = self.encoder_embedding(x, x_mark)
+        for layer in self.encoder:
+            memory = layer(memory)
+        memory = self.encoder_norm(memory)
+
+        placeholder = y_known.new_zeros(y_known.shape[0], pred_len, y_known.shape[2])
+        h = self.decoder_embedding(torch.cat([y_known, placeholder], dim=1), y_mark)  # [B, label_len + pred_len, D]
+        for layer in self.decoder:
+            h, _ = layer(h, memory)
+        return self.head(self.decoder_norm(h[:, -pred_len:]))
