@@ -1,0 +1,246 @@
+"""A run's configuration: compose the YAML files and the command line, check it, resolve it.
+
+`compose(args)` layers configs/train.yaml, configs/task/<task>.yaml,
+configs/attention/<attention>.yaml, the task's preset and the `a.b=value` arguments
+(design ARCHITECTURE.md, "Configuration"). Every key must already exist in those files
+and keep its type, so a misspelt key or a wrong value fails here, before any work, with a
+ConfigError whose one-line message names the key and what is allowed. `validate(cfg)`
+then checks ranges (attention blocks, the task, trainer and optimiser basics, data.path).
+"""
+
+import difflib
+import re
+from importlib import resources
+from pathlib import Path
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from . import tasks
+from .attention import ATTENTION_NAMES, block_class
+from .errors import ConfigError
+
+DEFAULT_ATTENTION = "softmax"
+SELECTORS = ("task", "attention")
+# The attention sites of encoder-decoder models; "" means "the `attention` group".
+SITES = ("encoder_attention", "decoder_attention", "cross_attention")
+# Keys a resumed run may change: the saved configuration is otherwise what built the checkpoint.
+RESUMABLE_PREFIXES = ("trainer.", "run.")
+
+_INT = re.compile(r"[+-]?\d+")
+
+
+def read_yaml(relative_path: str) -> DictConfig:
+    """A YAML file shipped in lavo_tasks.configs (works installed and editable)."""
+    text = (resources.files("lavo_tasks.configs") / relative_path).read_text(encoding="utf-8")
+    return OmegaConf.create(text)
+
+
+def task_yaml(name: str) -> DictConfig:
+    if name not in tasks.task_names():
+        raise ConfigError(f"task={name!r}: unknown task; allowed: {', '.join(tasks.task_names())}")
+    return read_yaml(f"task/{name}.yaml")
+
+
+def attention_defaults(name: str) -> DictConfig:
+    """The `attention` group of configs/attention/<name>.yaml."""
+    if name not in ATTENTION_NAMES:
+        raise ConfigError(f"attention={name!r}: unknown attention; allowed: {', '.join(ATTENTION_NAMES)}")
+    return read_yaml(f"attention/{name}.yaml").attention
+
+
+def split_args(args: list[str]) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """Split `task=NAME attention=NAME a.b=value ...` into the selectors and the
+    (key, raw text) overrides, in order."""
+    selectors, overrides = {}, []
+    for arg in args:
+        key, sep, raw = arg.partition("=")
+        if not sep or not key or key != key.strip():
+            raise ConfigError(f"argument {arg!r}: expected key=value, e.g. trainer.max_steps=100")
+        if key in SELECTORS:
+            selectors[key] = raw
+        else:
+            overrides.append((key, raw))
+    return selectors, overrides
+
+
+def compose(args: list[str]) -> DictConfig:
+    """The resolved configuration of a run from its command-line arguments.
+
+    With `run.resume` set, the base is the saved config.yaml of `run.dir` instead of the
+    YAML files, and only trainer.* and run.* keys may change.
+    """
+    selectors, overrides = split_args(args)
+    given = dict(overrides)
+    if given.get("run.resume", "").strip():
+        cfg = _saved_config(given.get("run.dir", ""), selectors, overrides)
+    else:
+        cfg = _fresh_config(selectors, overrides)
+    OmegaConf.resolve(cfg)
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def _fresh_config(selectors: dict[str, str], overrides: list[tuple[str, str]]) -> DictConfig:
+    cfg = read_yaml("train.yaml")
+    task = selectors.get("task", cfg.task)
+    attention = selectors.get("attention", DEFAULT_ATTENTION)
+    cfg = OmegaConf.merge(cfg, task_yaml(task), {"task": task, "attention": attention_defaults(attention)})
+    presets = cfg.pop("presets", OmegaConf.create({}))
+    preset = dict(overrides).get("model.preset")
+    if preset is not None:
+        _check_known(cfg, "model.preset")
+        _merge_preset(cfg, presets, preset)
+    elif OmegaConf.select(cfg, "model.preset") is not None:
+        _merge_preset(cfg, presets, cfg.model.preset)
+    for key, raw in overrides:
+        if key == "attention.name":
+            raise ConfigError(f"attention.name={raw!r}: choose the attention with attention=NAME "
+                              f"(one of {', '.join(ATTENTION_NAMES)})")
+        _set(cfg, key, raw)
+    return cfg
+
+
+def _merge_preset(cfg: DictConfig, presets: DictConfig, preset: str) -> None:
+    """Merge `presets.<preset>` of the task YAML into `cfg.model`; "default" is the
+    model keys as the task YAML writes them."""
+    if preset != "default" and preset not in presets:
+        allowed = ", ".join(["default", *presets])
+        raise ConfigError(f"model.preset={preset!r}: unknown preset for task {cfg.task}; allowed: {allowed}")
+    if preset in presets:
+        for key in presets[preset]:
+            _check_known(cfg, f"model.{key}", where=f"presets.{preset}.{key} in configs/task/{cfg.task}.yaml")
+        cfg.model = OmegaConf.merge(cfg.model, presets[preset])
+
+
+def _saved_config(run_dir: str, selectors: dict[str, str], overrides: list[tuple[str, str]]) -> DictConfig:
+    if not run_dir:
+        raise ConfigError("run.resume: needs run.dir=<the run to continue>")
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"run.dir={run_dir!r}: no config.yaml there, so no run to resume")
+    cfg = OmegaConf.load(path)
+    for name, value in selectors.items():
+        if value != cfg[name]:
+            raise ConfigError(f"{name}={value!r}: a resumed run keeps its {name} ({cfg[name]})")
+    for key, raw in overrides:
+        if not key.startswith(RESUMABLE_PREFIXES):
+            raise ConfigError(f"{key}: a resumed run keeps its configuration; only trainer.* and run.* keys may change")
+        _set(cfg, key, raw)
+    return cfg
+
+
+def _leaf_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in cfg.items_ex(resolve=False):
+        path = f"{prefix}{key}"
+        keys.append(path)
+        if isinstance(value, DictConfig):
+            keys.extend(_leaf_keys(value, path + "."))
+    return keys
+
+
+def _check_known(cfg: DictConfig, key: str, where: str = "") -> None:
+    parent_path, _, name = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_path) if parent_path else cfg
+    if isinstance(parent, DictConfig) and name in parent:
+        return
+    known = _leaf_keys(cfg)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    if not close:
+        group, where_keys = (parent, parent_path) if isinstance(parent, DictConfig) else (cfg, "the root")
+        hint = f"; keys of {where_keys or 'the root'}: {', '.join(str(k) for k in group)}"
+    source = f" ({where})" if where else ""
+    raise ConfigError(f"unknown key {key!r}{source}{hint}")
+
+
+def _set(cfg: DictConfig, key: str, raw: str) -> None:
+    """Set `key` (which must exist) to `raw` converted to the type of its current value."""
+    _check_known(cfg, key)
+    OmegaConf.update(cfg, key, parse_value(key, raw, OmegaConf.select(cfg, key)), merge=False)
+
+
+def parse_value(key: str, raw: str, default):
+    """`raw` as a value of the default's type: bool, int, float (an int is accepted as
+    is), str (taken verbatim), a list, or anything when the default is null."""
+    what = f"{key}={raw!r}"
+    if isinstance(default, DictConfig):
+        raise ConfigError(f"{what}: {key} is a group of keys; set one of them, e.g. {key}.{next(iter(default), 'x')}=...")
+    if isinstance(default, bool):
+        if raw.lower() not in ("true", "false"):
+            raise ConfigError(f"{what}: expected true or false")
+        return raw.lower() == "true"
+    if isinstance(default, int):
+        if not _INT.fullmatch(raw.strip()):
+            raise ConfigError(f"{what}: expected an integer (default {default})")
+        return int(raw)
+    if isinstance(default, float):
+        if _INT.fullmatch(raw.strip()):
+            return int(raw)
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{what}: expected a number (default {default})") from None
+    if isinstance(default, str):
+        if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":
+            return raw[1:-1]
+        return raw
+    value = OmegaConf.from_dotlist([f"value={raw}"]).value
+    if isinstance(default, ListConfig) and not isinstance(value, ListConfig):
+        raise ConfigError(f"{what}: expected a list, e.g. {key}=[1,2]")
+    return value
+
+
+def site_attention(cfg: DictConfig, site: str) -> DictConfig:
+    """The attention config of one site of an encoder-decoder model.
+
+    `cfg.model.<site>` names an attention, which then takes its YAML defaults, or is ""
+    for the `attention` group (with the command line's attention.* overrides).
+    """
+    if site not in SITES:
+        raise ValueError(f"site must be one of {', '.join(SITES)}, not {site!r}")
+    name = cfg.model[site]
+    if not name or name == cfg.attention.name:
+        return cfg.attention
+    if name not in ATTENTION_NAMES:
+        raise ConfigError(f"model.{site}={name!r}: unknown attention; allowed: \"\" (= attention), "
+                          f"{', '.join(ATTENTION_NAMES)}")
+    return attention_defaults(name)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Range checks after `compose`; raises ConfigError naming the first bad key."""
+    _check_basics(cfg)
+    d_model, n_heads = cfg.model.d_model, cfg.model.n_heads
+    block_class(cfg.attention.name).check_config(cfg.attention, d_model, n_heads)
+    for site in SITES:
+        if site in cfg.model:
+            attention = site_attention(cfg, site)
+            block_class(attention.name).check_config(attention, d_model, n_heads)
+    tasks.load_task(cfg.task).check_config(cfg)
+    if cfg.data.path and not Path(cfg.data.path).expanduser().exists():
+        raise ConfigError(f"data.path={cfg.data.path!r}: no such file or folder")
+
+
+def _check_basics(cfg: DictConfig) -> None:
+    rules = [
+        ("trainer.max_steps", lambda v: v >= 1, ">= 1"),
+        ("trainer.val_check_interval", lambda v: v >= 1, "a number of steps >= 1"),
+        ("optim.lr", lambda v: v > 0, "> 0"),
+        ("optim.weight_decay", lambda v: v >= 0, ">= 0"),
+        ("optim.warmup_steps", lambda v: v >= 0, ">= 0"),
+        ("optim.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
+        ("optim.grad_clip", lambda v: v >= 0, ">= 0 (0: no clipping)"),
+        ("data.batch_size", lambda v: v >= 1, ">= 1"),
+        ("data.num_workers", lambda v: v >= 0, ">= 0"),
+        ("model.d_model", lambda v: v >= 1, ">= 1"),
+        ("model.n_heads", lambda v: v >= 1, ">= 1"),
+    ]
+    for key, ok, allowed in rules:
+        value = OmegaConf.select(cfg, key)
+        if value is None:
+            raise ConfigError(f"{key}: missing; configs/task/{cfg.task}.yaml must define it")
+        if not ok(value):
+            raise ConfigError(f"{key}={value}: must be {allowed}")
+    if cfg.run.resume not in ("", "last") and not Path(cfg.run.resume).is_file():
+        raise ConfigError(f"run.resume={cfg.run.resume!r}: expected last or the path of a checkpoint file")

@@ -1,0 +1,63 @@
+"""`python -m lavo_tasks.train [task=NAME] [attention=NAME] [key=value ...]`: train, then test.
+
+In Python: `lavo_tasks.train.run(["task=lm", "trainer.max_steps=50"])` returns the test
+metrics (and raises ConfigError for bad arguments); `main(argv)` is the command itself.
+"""
+
+import sys
+
+from omegaconf import DictConfig
+
+from . import tasks
+from .attention import ATTENTION_NAMES
+from .config import DEFAULT_ATTENTION, compose, read_yaml, validate
+from .runner import run_cli, train
+
+
+def run(args: list[str]) -> dict[str, float]:
+    cfg = compose(args)
+    validate(cfg)
+    return train(cfg)
+
+
+def _key_lines(cfg: DictConfig, prefix: str = "") -> list[str]:
+    lines = []
+    for key, value in cfg.items():
+        if isinstance(value, DictConfig):
+            lines.extend(_key_lines(value, f"{prefix}{key}."))
+        else:
+            lines.append(f"  {prefix}{key}={value}")
+    return lines
+
+
+def usage() -> str:
+    attention_keys = []
+    for name in ATTENTION_NAMES:
+        keys = [k for k in read_yaml(f"attention/{name}.yaml").attention if k != "name"]
+        attention_keys.append(f"  {name}: {', '.join(f'attention.{k}' for k in keys) or '(no keys)'}")
+    return "\n".join([
+        "usage: python -m lavo_tasks.train [task=NAME] [attention=NAME] [key=value ...]",
+        "",
+        "Train a model on a task, then test it. The run writes config.yaml, checkpoints/,",
+        "metrics.jsonl, metrics.json and artifacts/ into run.dir.",
+        "",
+        f"tasks (task=NAME; each adds data.* and model.* keys from configs/task/NAME.yaml): "
+        f"{', '.join(tasks.task_names())}",
+        f"attentions (attention=NAME, default {DEFAULT_ATTENTION}):",
+        *attention_keys,
+        "",
+        "keys every task shares (defaults from configs/train.yaml):",
+        *_key_lines(read_yaml("train.yaml")),
+        "",
+        "examples:",
+        "  python -m lavo_tasks.train task=lm attention=gsa attention.slots=32 trainer.max_steps=100",
+        "  python -m lavo_tasks.train run.dir=runs/lm/my-run run.resume=last trainer.max_steps=400",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(run, sys.argv[1:] if argv is None else argv, usage)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Configuration: composition order, presets, per-site attention, and every config error.
+
+Each bad input must give a ConfigError whose one-line message names the key or value and
+what is allowed; through the CLIs that is `error: <message>` on stderr, exit code 2, no
+traceback and nothing written.
+"""
+
+import subprocess
+import sys
+import types
+
+import pytest
+from omegaconf import OmegaConf
+
+import lavo_tasks.config
+import lavo_tasks.tasks
+from lavo_tasks import train
+from lavo_tasks.config import compose, site_attention, validate
+from lavo_tasks.errors import ConfigError
+
+# A task of the encoder-decoder kind, with a preset, defined here so these tests do not
+# depend on a real task's sizes.
+TOY_YAML = """
+data:
+  seq_len: 16
+model:
+  preset: default
+  d_model: 32
+  n_heads: 4
+  n_layers: 2
+  encoder_attention: ""
+  decoder_attention: ""
+  cross_attention: ""
+trainer:
+  max_steps: 5
+presets:
+  big:
+    d_model: 64
+    n_layers: 6
+"""
+
+
+def check_toy_config(cfg):
+    if cfg.data.seq_len < 4:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len}: must be >= 4")
+
+
+@pytest.fixture
+def toy_task(monkeypatch):
+    module = types.SimpleNamespace(check_config=check_toy_config)
+    real_names, real_load, real_yaml = (lavo_tasks.tasks.task_names, lavo_tasks.tasks.load_task,
+                                        lavo_tasks.config.task_yaml)
+    monkeypatch.setattr(lavo_tasks.tasks, "task_names", lambda: sorted([*real_names(), "toy"]))
+    monkeypatch.setattr(lavo_tasks.tasks, "load_task", lambda name: module if name == "toy" else real_load(name))
+    monkeypatch.setattr(lavo_tasks.config, "task_yaml",
+                        lambda name: OmegaConf.create(TOY_YAML) if name == "toy" else real_yaml(name))
+
+
+def error_of(args):
+    with pytest.raises(ConfigError) as info:
+        validate(compose(args))
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_layers_in_order(toy_task):
+    cfg = compose(["task=toy", "attention=gsa", "attention.slots=5", "optim.lr=0.5", "data.seq_len=12"])
+    assert cfg.task == "toy"
+    assert cfg.data.seq_len == 12 and cfg.data.batch_size == 16       # CLI over task over train.yaml
+    assert cfg.trainer.max_steps == 5 and cfg.trainer.val_check_interval == 50
+    assert cfg.attention.name == "gsa" and cfg.attention.slots == 5 and cfg.attention.tau == 8.0
+    assert cfg.optim.lr == 0.5
+    assert "presets" not in cfg
+    validate(cfg)
+
+
+def test_defaults_select_the_softmax_attention_and_the_task_of_train_yaml():
+    cfg = compose([])
+    assert cfg.task == OmegaConf.load(lavo_tasks.config.resources.files("lavo_tasks.configs") / "train.yaml").task
+    assert OmegaConf.to_container(cfg.attention) == {"name": "softmax"}
+
+
+def test_values_take_the_type_of_their_default(toy_task):
+    cfg = compose(["task=toy", "optim.lr=1", "optim.weight_decay=1e-4", "trainer.enable_progress_bar=false",
+                   "run.dir=2024", "data.path=", "trainer.devices=2"])
+    assert cfg.optim.lr == 1 and cfg.optim.weight_decay == 1e-4       # an int is fine for a float key
+    assert cfg.trainer.enable_progress_bar is False
+    assert cfg.run.dir == "2024" and cfg.data.path == ""               # str keys take the text as is
+    assert cfg.trainer.devices == "2"
+
+
+def test_presets(toy_task):
+    cfg = compose(["task=toy", "model.preset=big", "model.n_layers=3"])
+    assert cfg.model.preset == "big" and cfg.model.d_model == 64     # from the preset
+    assert cfg.model.n_layers == 3                                   # explicit CLI key wins
+    assert cfg.model.n_heads == 4                                    # untouched by the preset
+    assert "presets" not in cfg
+    assert compose(["task=toy", "model.preset=default"]).model.d_model == 32
+    assert error_of(["task=toy", "model.preset=huge"]) == (
+        "model.preset='huge': unknown preset for task toy; allowed: default, big")
+
+
+def test_a_preset_may_only_set_existing_model_keys(toy_task, monkeypatch):
+    bad = TOY_YAML.replace("    n_layers: 6", "    n_layer: 6")
+    monkeypatch.setattr(lavo_tasks.config, "task_yaml", lambda name: OmegaConf.create(bad))
+    message = error_of(["task=toy", "model.preset=big"])
+    assert message.startswith("unknown key 'model.n_layer' (presets.big.n_layer in configs/task/toy.yaml)")
+
+
+def test_site_attention(toy_task):
+    cfg = compose(["task=toy", "attention=lavo", "attention.window=4", "model.cross_attention=gsa",
+                   "model.decoder_attention=lavo"])
+    assert site_attention(cfg, "encoder_attention") == cfg.attention          # "" -> the attention group
+    assert site_attention(cfg, "decoder_attention").window == 4               # same name: the CLI's keys
+    cross = site_attention(cfg, "cross_attention")
+    assert OmegaConf.to_container(cross) == OmegaConf.to_container(
+        OmegaConf.load(lavo_tasks.config.resources.files("lavo_tasks.configs") / "attention/gsa.yaml").attention)
+    cfg = compose(["task=toy", "model.cross_attention=flash"])
+    with pytest.raises(ConfigError, match=r"model.cross_attention='flash': unknown attention; allowed: "):
+        site_attention(cfg, "cross_attention")
+
+
+CONFIG_ERRORS = [
+    (["task=nope"], "task='nope': unknown task; allowed: "),
+    (["task=toy", "attention=flash"], "attention='flash': unknown attention; allowed: softmax, local, lavo, gsa"),
+    (["task=toy", "trainer.max_step=5"], "unknown key 'trainer.max_step' (did you mean trainer.max_steps?)"),
+    (["task=toy", "model.d_modle=8"], "unknown key 'model.d_modle' (did you mean model.d_model?)"),
+    (["task=toy", "attention.window=8"], "unknown key 'attention.window'; keys of attention: name"),
+    (["task=toy", "zzz.top=1"], "unknown key 'zzz.top'; keys of the root: "),
+    (["task=toy", "trainer.max_steps=ten"], "trainer.max_steps='ten': expected an integer (default 5)"),
+    (["task=toy", "trainer.max_steps=2.5"], "trainer.max_steps='2.5': expected an integer (default 5)"),
+    (["task=toy", "optim.lr=fast"], "optim.lr='fast': expected a number (default 0.001)"),
+    (["task=toy", "trainer.enable_progress_bar=maybe"], "trainer.enable_progress_bar='maybe': expected true or false"),
+    (["task=toy", "model=3"], "model='3': model is a group of keys; set one of them, e.g. model.preset=..."),
+    (["task=toy", "attention.name=gsa"], "attention.name='gsa': choose the attention with attention=NAME"),
+    (["task=toy", "trainer.max_steps"], "argument 'trainer.max_steps': expected key=value"),
+    (["task=toy", "attention=local", "attention.window=0"], "attention.window=0"),
+    (["task=toy", "attention=lavo", "attention.rank=9"], "attention.rank=9"),       # head dim 32 / 4 = 8
+    (["task=toy", "data.path=/no/such/corpus"], "data.path='/no/such/corpus': no such file or folder"),
+    (["task=toy", "trainer.max_steps=0"], "trainer.max_steps=0: must be >= 1"),
+    (["task=toy", "optim.lr=0"], "optim.lr=0: must be > 0"),
+    (["task=toy", "optim.min_lr_ratio=1.5"], "optim.min_lr_ratio=1.5: must be in [0, 1]"),
+    (["task=toy", "data.seq_len=2"], "data.seq_len=2: must be >= 4"),                # the task's own check
+    (["task=toy", "model.cross_attention=flash"], "model.cross_attention='flash': unknown attention"),
+    (["task=toy", "model.n_heads=5"], "model.n_heads=5: must be >= 1 and divide model.d_model=32"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), CONFIG_ERRORS, ids=[" ".join(a[1:]) or a[0] for a, _ in CONFIG_ERRORS])
+def test_config_errors(toy_task, args, message):
+    assert error_of(args).startswith(message)
+
+
+def test_cli_prints_one_line_and_builds_nothing(toy_task, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert train.main(["task=toy", f"run.dir={run_dir}", "attention=local", "attention.window=0"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: attention.window=0") and captured.err.count("\n") == 1
+    assert captured.out == "" and not run_dir.exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["trainer.max_step=5"], "error: unknown key 'trainer.max_step' (did you mean trainer.max_steps?)\n"),
+    (["task=nope"], "error: task='nope': unknown task; allowed: "),
+])
+def test_cli_subprocess(tmp_path, args, message):
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "lavo_tasks.train", f"run.dir={run_dir}", *args],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr and not run_dir.exists()
+
+
+def test_help_lists_tasks_attentions_and_keys():
+    result = subprocess.run([sys.executable, "-m", "lavo_tasks.train", "--help"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0
+    for name in [*lavo_tasks.tasks.task_names(), "softmax", "local", "lavo", "gsa", "attention.slots",
+                 "trainer.max_steps=", "run.resume=", "data.path="]:
+        assert name in result.stdout, name
