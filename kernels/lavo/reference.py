@@ -42,6 +42,8 @@ def reference_lavo_attn(
         ]
         return torch.cat(parts, dim=1)
 
+    if q.shape[1] == 0:
+        return torch.zeros_like(q)
     out_dtype = q.dtype
     q, k, v, basis, mem_bias = (x.double() for x in (q, k, v, basis, mem_bias))
     rel_bias = None if rel_bias is None else rel_bias.double()
