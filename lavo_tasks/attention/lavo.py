@@ -1,0 +1,169 @@
+"""`lavo`: linear attention via orthogonal memory (ATTENTION.md section 1), every pattern.
+
+The block owns the q/k/v/output projections and, per head, the orthonormal basis
+[H, r, d], the relative position bias (CS, CC: w entries; NS: w + 1; NC has no window and
+no bias) and the memory bias ([H]; NC: [H, cross_segments]); both biases start at 0.
+It calls `lavo_tasks.kernels.lavo_attn`. Decode states (constant size in the target
+length): CS, a ring buffer of w-1 keys/values and the fp32 memory sum
+(`LavoDecodeState`); CC and NC, the source projected and summarised once at
+`init_state` (`LavoSource`) and a target position counter. NS is never decoded.
+States are updated in place: a call returns the (mutated) state it was given.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from torch.nn.utils.parametrizations import orthogonal
+
+from ..errors import ConfigError
+from ..kernels import LavoDecodeState, lavo_attn, lavo_decode_step
+from ..kernels.backend import BACKENDS
+from ..kernels.lavo import LavoSource, lavo_cross_decode, lavo_source
+from .base import AttentionBlock
+from .softmax import check_mask
+
+BASIS_KINDS = ("learned", "fixed")
+
+
+@dataclass
+class LavoCrossState:
+    """Decode state of `lavo` in cross-attention (CC, NC): the prepared source and how
+    many target positions came before the next call."""
+
+    source: LavoSource
+    position: int = 0
+
+
+class LavoAttention(AttentionBlock):
+    name = "lavo"
+    patterns = frozenset({"CS", "NS", "CC", "NC"})
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int) -> None:
+        super().check_config(cfg, d_model, n_heads)
+        window, rank, segments = cfg.get("window"), cfg.get("rank"), cfg.get("cross_segments")
+        head_dim = d_model // n_heads
+        if not _is_int(window) or window < 1:
+            raise ConfigError(f"attention.window={window!r}: must be an integer >= 1")
+        if not _is_int(rank) or not 1 <= rank <= head_dim:
+            raise ConfigError(
+                f"attention.rank={rank!r}: must be an integer between 1 and the head dim "
+                f"{head_dim} (model.d_model={d_model} / model.n_heads={n_heads})"
+            )
+        if cfg.get("basis") not in BASIS_KINDS:
+            raise ConfigError(f"attention.basis={cfg.get('basis')!r}: allowed {', '.join(BASIS_KINDS)}")
+        if not _is_int(segments) or segments < 1:
+            raise ConfigError(f"attention.cross_segments={segments!r}: must be an integer >= 1")
+        if cfg.get("backend") not in BACKENDS:
+            raise ConfigError(f"attention.backend={cfg.get('backend')!r}: allowed {', '.join(BACKENDS)}")
+
+    def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
+        super().__init__(cfg, d_model, n_heads=n_heads, causal=causal, cross=cross)
+        self.window, self.rank, self.backend = int(cfg.window), int(cfg.rank), str(cfg.backend)
+        if self.pattern == "NS" and self.window % 2:
+            raise ConfigError(
+                f"attention.window={self.window}: must be even for noncausal self-attention (NS), "
+                "whose queries see |t - j| <= window / 2"
+            )
+        self.segments = int(cfg.cross_segments) if self.pattern == "NC" else 1
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+
+        # The basis starts as the QR of a Gaussian drawn from the global RNG (seeded by the run).
+        gaussian = torch.randn(n_heads, self.rank, self.head_dim)
+        if cfg.basis == "learned":
+            # matrix_exp keeps the rows orthonormal whatever the optimiser does to the
+            # underlying parameter (the Householder map breaks under weight decay).
+            self.basis_map = orthogonal(_Basis(gaussian), orthogonal_map="matrix_exp")
+        else:
+            q, _ = torch.linalg.qr(gaussian.transpose(1, 2))  # [H, d, r], orthonormal columns
+            self.register_buffer("fixed_basis", q.transpose(1, 2).contiguous())  # [H, r, d]
+        if self.pattern == "NC":
+            self.register_parameter("rel_bias", None)  # NC has no window
+        else:
+            self.rel_bias = nn.Parameter(torch.zeros(n_heads, self.window + (0 if causal else 1)))
+        self.mem_bias = nn.Parameter(torch.zeros(n_heads, self.segments) if self.pattern == "NC" else torch.zeros(n_heads))
+
+    @property
+    def basis(self) -> torch.Tensor:
+        """[H, r, d] with orthonormal rows."""
+        return self.basis_map.weight if hasattr(self, "basis_map") else self.fixed_basis
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:2], self.n_heads, self.head_dim)  # [B, T, D] -> [B, T, H, d]
+
+    def _keys_values(self, source: torch.Tensor):
+        return self._split_heads(self.k_proj(source)), self._split_heads(self.v_proj(source))
+
+    def forward(self, x, context=None, mask=None, context_mask=None, state=None):
+        if self.cross != (context is not None) and state is None:
+            need = "a context [B, S, D]" if self.cross else "no context"
+            raise ValueError(f"attention {self.name!r} ({self.pattern}) needs {need}")
+        check_mask(mask, x, "mask")
+        q = self._split_heads(self.q_proj(x))  # [B, T, H, d]
+        if state is not None:
+            if mask is not None:
+                raise ValueError(f"attention {self.name!r}: decoding takes real positions only (mask must be None)")
+            o, state = self._decode(q, x, state)
+        else:
+            source, key_mask = (context, context_mask) if self.cross else (x, mask)
+            check_mask(context_mask, source, "context_mask")
+            k, v = self._keys_values(source)
+            o = lavo_attn(
+                q, k, v, self.basis, self.rel_bias, self.mem_bias, window=self.window, causal=self.causal,
+                cross=self.cross, segments=self.segments, kv_mask=key_mask, backend=self.backend,
+            )
+        y = self.out_proj(o.reshape(x.shape))  # [B, T, H, d] -> [B, T, D]
+        if mask is not None:
+            y = y * mask[..., None]  # padded queries output 0
+        return y, state
+
+    def init_state(self, batch_size: int, context=None, context_mask=None):
+        if self.pattern == "NS":
+            raise ValueError(f"attention {self.name!r}: noncausal self-attention (NS) cannot be decoded step by step")
+        if not self.cross:
+            weight = self.q_proj.weight
+            return LavoDecodeState.empty(
+                batch_size, self.n_heads, self.head_dim, self.rank, self.window, dtype=weight.dtype, device=weight.device
+            )
+        if context is None:
+            raise ValueError(f"attention {self.name!r} ({self.pattern}): init_state needs the context")
+        check_mask(context_mask, context, "context_mask")
+        k, v = self._keys_values(context)
+        source = lavo_source(k, v, self.basis, causal=self.causal, segments=self.segments, kv_mask=context_mask)
+        return LavoCrossState(source, 0)
+
+    def _decode(self, q, x, state):
+        """q [B, t, H, d] for the t positions after those `state` has seen -> o [B, t, H, d]."""
+        basis = self.basis
+        if self.cross:
+            o = lavo_cross_decode(
+                q, state.source, basis, self.rel_bias, self.mem_bias, window=self.window, start=state.position
+            )
+            state.position += q.shape[1]
+            return o, state
+        k, v = self._keys_values(x)
+        outputs = []
+        for i in range(q.shape[1]):
+            o, state = lavo_decode_step(
+                q[:, i], k[:, i], v[:, i], basis, self.rel_bias, self.mem_bias, state, window=self.window,
+                backend=self.backend,
+            )
+            outputs.append(o)
+        return torch.stack(outputs, dim=1), state
+
+
+class _Basis(nn.Module):
+    """Holds the basis parameter [H, r, d] that the orthogonal parametrization maps."""
+
+    def __init__(self, init: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(init)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

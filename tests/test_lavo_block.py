@@ -1,0 +1,142 @@
+"""The `lavo` block: config errors, the orthonormal basis under training, the wiring of
+projections and parameters (against the float64 reference), and decoding."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from lavo_tasks.attention import build_attention
+from lavo_tasks.errors import ConfigError
+from lavo_tasks.kernels.lavo.reference import reference_lavo_attn
+
+PATTERNS = {"CS": (True, False), "NS": (False, False), "CC": (True, True), "NC": (False, True)}
+D_MODEL, HEADS = 16, 2  # head dim 8
+
+
+def config(**overrides):
+    base = dict(name="lavo", window=4, rank=4, basis="learned", cross_segments=1, backend="torch")
+    return OmegaConf.create({**base, **overrides})
+
+
+def make_block(pattern="CS", seed=0, **overrides):
+    torch.manual_seed(seed)
+    causal, cross = PATTERNS[pattern]
+    block = build_attention(config(**overrides), D_MODEL, n_heads=HEADS, causal=causal, cross=cross).double()
+    with torch.no_grad():  # the biases start at 0; make them matter
+        for p in (block.rel_bias, block.mem_bias):
+            if p is not None:
+                p.normal_()
+    return block
+
+
+def orthonormality_error(basis):
+    gram = basis @ basis.transpose(1, 2)
+    return (gram - torch.eye(basis.shape[1], dtype=basis.dtype)).abs().max().item()
+
+
+@pytest.mark.parametrize(
+    "overrides,pattern,message",
+    [
+        (dict(window=0), "CS", "attention.window=0: must be an integer >= 1"),
+        (dict(window="8"), "CS", "attention.window='8'"),
+        (dict(window=3), "NS", "attention.window=3: must be even"),
+        (dict(rank=9), "CS", "attention.rank=9: must be an integer between 1 and the head dim 8"),
+        (dict(rank=0), "CC", "attention.rank=0"),
+        (dict(basis="random"), "CS", "attention.basis='random': allowed learned, fixed"),
+        (dict(cross_segments=0), "NC", "attention.cross_segments=0: must be an integer >= 1"),
+        (dict(backend="cuda"), "CS", "attention.backend='cuda': allowed auto, triton, torch"),
+    ],
+)
+def test_config_errors_name_the_key(overrides, pattern, message):
+    causal, cross = PATTERNS[pattern]
+    with pytest.raises(ConfigError, match=message):
+        build_attention(config(**overrides), D_MODEL, n_heads=HEADS, causal=causal, cross=cross)
+
+
+def test_learned_basis_stays_orthonormal_after_optimiser_steps():
+    block = make_block("CS")
+    before = block.basis.detach().clone()
+    assert before.shape == (HEADS, 4, 8) and orthonormality_error(before) < 1e-6  # made in float32
+    optimiser = torch.optim.AdamW(block.parameters(), lr=0.05, weight_decay=0.1)
+    x = torch.randn(2, 9, D_MODEL, dtype=torch.float64)
+    for _ in range(3):
+        optimiser.zero_grad()
+        y, _ = block(x)
+        y.pow(2).sum().backward()
+        optimiser.step()
+    after = block.basis.detach()
+    assert (after - before).abs().max() > 1e-3  # the basis did move
+    assert orthonormality_error(after) < 1e-6
+
+
+def test_fixed_basis_is_an_orthonormal_buffer():
+    block = make_block("CS", basis="fixed")
+    names = [name for name, _ in block.named_parameters()]
+    assert not any("basis" in name for name in names)
+    assert "fixed_basis" in dict(block.named_buffers())
+    assert orthonormality_error(block.basis) < 1e-6  # QR done in float32, then cast
+
+
+def test_no_window_parameter_in_noncausal_cross():
+    block = make_block("NC", cross_segments=3)
+    assert block.rel_bias is None and block.mem_bias.shape == (HEADS, 3)
+
+
+@pytest.mark.parametrize("pattern,segments", [("CS", 1), ("NS", 1), ("CC", 1), ("NC", 3)])
+def test_block_equals_reference_on_its_projections(pattern, segments):
+    causal, cross = PATTERNS[pattern]
+    block = make_block(pattern, cross_segments=segments)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 9, D_MODEL, generator=g, dtype=torch.float64)
+    context = torch.randn(2, 7, D_MODEL, generator=g, dtype=torch.float64) if cross else None
+    mask = torch.ones(2, 9 if not cross else 7, dtype=torch.bool)
+    mask[1, -2:] = False
+    y, state = block(x, context=context, mask=None if cross else mask, context_mask=mask if cross else None)
+    assert state is None
+
+    source = context if cross else x
+    split = lambda t: t.view(*t.shape[:2], HEADS, 8)  # noqa: E731
+    q, k, v = split(block.q_proj(x)), split(block.k_proj(source)), split(block.v_proj(source))
+    o = reference_lavo_attn(
+        q, k, v, block.basis, block.rel_bias, block.mem_bias, window=4, causal=causal, cross=cross,
+        segments=segments, kv_mask=mask,
+    )
+    expected = block.out_proj(o.reshape(2, 9, D_MODEL))
+    torch.testing.assert_close(y, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("pattern,segments", [("CS", 1), ("CC", 1), ("NC", 2)])
+@pytest.mark.parametrize("source_len", [5, 13])
+def test_block_decode_equals_full_forward(pattern, segments, source_len):
+    causal, cross = PATTERNS[pattern]
+    block = make_block(pattern, cross_segments=segments)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 10, D_MODEL, generator=g, dtype=torch.float64)
+    context = torch.randn(2, source_len, D_MODEL, generator=g, dtype=torch.float64) if cross else None
+    context_mask = torch.ones(2, source_len, dtype=torch.bool) if cross else None
+    if cross:
+        context_mask[0, 1] = False
+    with torch.no_grad():
+        full, _ = block(x, context=context, context_mask=context_mask)
+        state = block.init_state(2, context=context, context_mask=context_mask)
+        pieces, start = [], 0
+        for size in (1, 4, 1, 1, 3):
+            y, state = block(x[:, start : start + size], context=context, state=state)
+            pieces.append(y)
+            start += size
+            if not cross:  # constant-size state: w-1 slots whatever the length
+                assert state.keys.shape == (2, HEADS, 3, 8) and state.count == start
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-12)
+
+
+def test_noncausal_self_cannot_be_decoded():
+    with pytest.raises(ValueError, match="noncausal self-attention \\(NS\\) cannot be decoded"):
+        make_block("NS").init_state(2)
+
+
+def test_gradients_reach_every_parameter():
+    block = make_block("CS").float()
+    y, _ = block(torch.randn(2, 9, D_MODEL))
+    y.pow(2).sum().backward()
+    for name, p in block.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
