@@ -1,0 +1,220 @@
+"""GSA on the Triton path: `chunk_gsa_attn`, what `gsa_attn(..., backend="triton")` runs.
+
+The causal scan (CS) is one autograd Function over the kernels of `chunk_kernels.py`:
+
+    forward   _state_fwd_kernel  x2  (K~ and V~ at every chunk start, sequential over chunks)
+              _output_fwd_kernel     (per sub-chunk: logits, slot softmax, value read)
+    backward  _query_bwd_kernel      (per sub-chunk: p, dz, dq, query part of the gate grad)
+              _state_bwd_kernel  x2  (state gradients at every chunk end, right to left)
+              _key_bwd_kernel        (per sub-chunk: dk, dv, ds, key part of the gate grad)
+              _gate_grad_kernel      (reverse cumulative sum into d log_alpha)
+
+The other patterns reuse it: NS runs it on the sequences reversed too, CC runs it with
+the target queries over the source and reads the final source state for queries past the
+source's end, NC reads the final source state for every query (the read of one fixed
+state, a softmax over M slots, is two small batched matrix products done in PyTorch).
+
+Sequences are packed token-major ([B, T, H, D] viewed as [B*T, H, D]); `cu_seqlens`
+gives the same layout with unequal lengths. Inputs are validated by `gsa_attn`.
+"""
+
+import functools
+import os
+
+import torch
+import triton
+
+from . import chunk_kernels as K
+from .torch_path import read_state
+
+BT = 64  # positions per chunk (a state is kept at every chunk start)
+BC = 16  # positions per sub-chunk (one program of the per-position kernels)
+BD_STATE = 32  # state columns per program of the state scans
+MAX_DIM = 256
+# Triton's interpreter (numpy 2) cannot run `for` loops with run-time bounds; the
+# sequential scans then use `while` loops, which the compiler does not software-pipeline.
+WHILE_LOOPS = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(lengths: tuple, device: torch.device):
+    """Index tables of the packed sequences (int64, on `device`).
+
+    cu [NS+1]: first token of each sequence; coff [NS+1]: first chunk of each sequence;
+    sub [NSUB, 4]: per sub-chunk (first row, its chunk's first row, chunk index,
+    sequence end). Returns (cu, coff, sub, number of chunks, number of sub-chunks).
+    """
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    zero = torch.zeros(1, dtype=torch.int64)
+    cu = torch.cat([zero, lens.cumsum(0)])
+    n_chunks = (lens + BT - 1) // BT
+    coff = torch.cat([zero, n_chunks.cumsum(0)])
+    n_sub = (lens + BC - 1) // BC
+    seq = torch.repeat_interleave(torch.arange(len(lengths)), n_sub)
+    local = torch.arange(int(n_sub.sum())) - torch.repeat_interleave(n_sub.cumsum(0) - n_sub, n_sub)
+    chunk_local = local * BC // BT
+    sub = torch.stack([cu[seq] + local * BC, cu[seq] + chunk_local * BT, coff[seq] + chunk_local, cu[seq + 1]], 1)
+    to = dict(dtype=torch.int64, device=device)  # int64 offsets: no overflow at any length
+    return cu.to(**to), coff.to(**to), sub.contiguous().to(**to), int(coff[-1]), int(sub.shape[0])
+
+
+def _block(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+class _Config:
+    """Block sizes, warps and dot precision for one call."""
+
+    def __init__(self, dk, dv, slots, dtype):
+        self.BK, self.BV, self.BM = _block(dk), _block(dv), _block(slots)
+        self.BDK, self.BDV = min(self.BK, BD_STATE), min(self.BV, BD_STATE)
+        self.warps = 4 if self.BM * max(self.BK, self.BV) <= 64 * 64 else 8
+        self.prec = "ieee" if dtype == torch.float32 else "tf32"
+
+
+class _CausalGSA(torch.autograd.Function):
+    """CS over packed sequences. q, k [N,H,dk]; v [N,H,dv]; g [N,H,M] fp32 (log alpha);
+    h0k [NS,H,M,dk], h0v [NS,H,M,dv] fp32 or None. Returns (o [N,H,dv], K~_T, V~_T)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
+        n_tok, heads, dk = q.shape
+        dv, slots = v.shape[-1], g.shape[-1]
+        cu, coff, sub, n_chunks, n_sub = _layout(lengths, q.device)
+        n_seq = len(lengths)
+        cfg = _Config(dk, dv, slots, q.dtype)
+        f32 = dict(dtype=torch.float32, device=q.device)
+        b = torch.empty_like(g)
+        sk = torch.empty(n_chunks, heads, slots, dk, **f32)
+        sv = torch.empty(n_chunks, heads, slots, dv, **f32)
+        hk = torch.empty(n_seq, heads, slots, dk, **f32) if output_final_state else sk
+        hv = torch.empty(n_seq, heads, slots, dv, **f32) if output_final_state else sv
+        has_h0 = h0k is not None
+        for x, h0, states, ht, d, bd, first in ((k, h0k, sk, hk, dk, cfg.BDK, True),
+                                                (v, h0v, sv, hv, dv, cfg.BDV, False)):
+            K._state_fwd_kernel[(n_seq * heads, triton.cdiv(d, bd))](
+                x, g, b, h0 if has_h0 else states, states, ht, cu, coff, heads, slots, d,
+                HAS_H0=has_h0, STORE_FINAL=output_final_state, WRITE_B=first,
+                BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec, WHILE_LOOPS=WHILE_LOOPS, num_warps=4)
+        o = torch.empty(n_tok, heads, dv, dtype=q.dtype, device=q.device)
+        K._output_fwd_kernel[(n_sub, heads)](
+            q, k, v, g, b, sk, sv, o, sub, scale, heads, slots, dk, dv,
+            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, num_warps=cfg.warps)
+        ctx.save_for_backward(q, k, v, g, b, sk, sv, hk, hv)
+        ctx.scale, ctx.lengths, ctx.has_h0, ctx.cfg = scale, lengths, has_h0, cfg
+        ctx.output_final_state = output_final_state
+        if not output_final_state:
+            return o, None, None
+        return o, hk, hv
+
+    @staticmethod
+    def backward(ctx, do, dhk, dhv):
+        q, k, v, g, b, sk, sv, hk, hv = ctx.saved_tensors
+        scale, lengths, cfg = ctx.scale, ctx.lengths, ctx.cfg
+        n_tok, heads, dk = q.shape
+        dv, slots = v.shape[-1], g.shape[-1]
+        cu, coff, sub, n_chunks, n_sub = _layout(lengths, q.device)
+        n_seq = len(lengths)
+        do = do.contiguous()
+        p, dz, dgate = torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
+        dq = torch.empty_like(q)
+        K._query_bwd_kernel[(n_sub, heads)](
+            q, k, v, g, b, sk, sv, do, sub, p, dz, dq, dgate, scale, heads, slots, dk, dv,
+            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, num_warps=cfg.warps)
+
+        has_dht = ctx.output_final_state and (dhk is not None or dhv is not None)
+        if has_dht:
+            dhk = torch.zeros_like(hk) if dhk is None else dhk.float().contiguous()
+            dhv = torch.zeros_like(hv) if dhv is None else dhv.float().contiguous()
+        dnk, dnv = torch.empty_like(sk), torch.empty_like(sv)
+        f32 = dict(dtype=torch.float32, device=q.device)
+        dh0k = torch.empty(n_seq, heads, slots, dk, **f32)
+        dh0v = torch.empty(n_seq, heads, slots, dv, **f32)
+        for w, x, dht, dnext, dh0, d, bd, sc in ((dz, q, dhk, dnk, dh0k, dk, cfg.BDK, scale),
+                                                 (p, do, dhv, dnv, dh0v, dv, cfg.BDV, 1.0)):
+            K._state_bwd_kernel[(n_seq * heads, triton.cdiv(d, bd))](
+                w, x, b, dht if has_dht else dnext, dnext, dh0, cu, coff, sc, heads, slots, d,
+                HAS_DHT=has_dht, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec, WHILE_LOOPS=WHILE_LOOPS, num_warps=4)
+
+        dk_, dv_, dg = torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
+        K._key_bwd_kernel[(n_sub, heads)](
+            q, k, v, g, b, do, p, dz, dnk, dnv, sub, dk_, dv_, dgate, dg, scale, heads, slots, dk, dv,
+            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, num_warps=cfg.warps)
+        # the final state is a read at each sequence's last row: its share of the gate grad
+        if has_dht:
+            carry = (dhk * hk).sum(-1) + (dhv * hv).sum(-1)
+        else:
+            carry = torch.zeros(n_seq, heads, slots, **f32)
+        K._gate_grad_kernel[(n_seq * heads,)](dgate, dg, carry, cu, heads, slots, BT=BT, BM=cfg.BM,
+                                              WHILE_LOOPS=WHILE_LOOPS, num_warps=4)
+        if not ctx.has_h0:
+            dh0k = dh0v = None
+        return dq, dk_, dv_, dg, dh0k, dh0v, None, None, None
+
+
+def _causal(q, k, v, g, initial_state, output_final_state, lengths, scale):
+    """CS on [B, T, H, *] tensors whose B*T tokens hold sequences of `lengths`."""
+    batch, length, heads, _ = q.shape
+    h0k, h0v = (None, None) if initial_state is None else (s.float().contiguous() for s in initial_state)
+    o, hk, hv = _CausalGSA.apply(
+        *(x.contiguous().reshape(batch * length, heads, x.shape[-1]) for x in (q, k, v, g)),
+        h0k, h0v, scale, tuple(lengths), output_final_state)
+    return o.reshape(batch, length, heads, -1), ((hk, hv) if output_final_state else None)
+
+
+def _reverse(x, lengths):
+    """Each sequence reversed in time: x [B, T, ...] with B sequences of length T, or
+    B = 1 holding the packed `lengths`."""
+    if len(lengths) == x.shape[0]:
+        return x.flip(1)
+    idx = torch.cat([torch.arange(start + n - 1, start - 1, -1)
+                     for start, n in zip(torch.tensor([0, *lengths]).cumsum(0).tolist(), lengths)])
+    return x.index_select(1, idx.to(x.device))
+
+
+def _read_final(q, state, scale):
+    """Every query reads one fixed state: q [B,n,H,dk] -> o [B,n,H,dv] in q's dtype."""
+    o = read_state(q.float().transpose(1, 2), state[0], state[1], scale)
+    return o.transpose(1, 2).to(q.dtype)
+
+
+def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, initial_state=None,
+                   output_final_state=False, kv_mask=None, cu_seqlens=None):
+    """`gsa_attn` on the Triton kernels (same arguments minus `backend`, validated there).
+
+    Raises NotImplementedError for what these kernels do not cover: float64 inputs,
+    head dims or slot counts above 256.
+    """
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise NotImplementedError(f"chunk_gsa_attn: dtype {q.dtype}; the Triton kernels take fp16, bf16, fp32")
+    dk, dv, slots = q.shape[-1], v.shape[-1], log_alpha.shape[-1]
+    if max(dk, dv, slots) > MAX_DIM:
+        raise NotImplementedError(f"chunk_gsa_attn: dk={dk}, dv={dv}, slots={slots}; the Triton kernels "
+                                  f"take each up to {MAX_DIM}")
+    scale = dk ** -0.5 if scale is None else float(scale)
+    g = log_alpha.float()
+    if kv_mask is not None:  # a padded step: alpha = 1, s = 0
+        g = g.masked_fill(~kv_mask[:, :, None, None], 0.0)
+    batch, n, m = q.shape[0], q.shape[1], k.shape[1]
+    lengths = cu_seqlens.diff().tolist() if cu_seqlens is not None else [m] * batch
+
+    if not cross:
+        o, final = _causal(q, k, v, g, initial_state, output_final_state, lengths, scale)
+        if not causal:  # NS: the right-to-left scan starts from zeros
+            o_back, _ = _causal(*(_reverse(x, lengths) for x in (q, k, v, g)), None, False, lengths, scale)
+            o = ((o.float() + _reverse(o_back, lengths).float()) / 2).to(q.dtype)
+        if kv_mask is not None:
+            o = o * kv_mask[:, :, None, None].to(o.dtype)
+        return o, final
+
+    if causal and n <= m:  # CC: query t reads the state after source position t
+        q_src = q if n == m else torch.cat([q, q.new_zeros(batch, m - n, *q.shape[2:])], 1)
+        o, final = _causal(q_src, k, v, g, initial_state, output_final_state, lengths, scale)
+        return o[:, :n], final
+    if causal:  # CC with a longer target: queries past the source read its final state
+        o, final = _causal(q[:, :m], k, v, g, initial_state, True, lengths, scale)
+        o = torch.cat([o, _read_final(q[:, m:], final, scale)], 1)
+        return o, (final if output_final_state else None)
+    # NC: every query reads the final source state (the scan's own output is not needed)
+    _, final = _causal(q.new_zeros(batch, m, *q.shape[2:]), k, v, g, initial_state, True, lengths, scale)
+    return _read_final(q, final, scale), (final if output_final_state else None)

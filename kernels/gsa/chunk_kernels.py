@@ -1,0 +1,482 @@
+"""Triton kernels of the chunked GSA (causal pattern), forward and backward.
+
+Everything works on packed token-major tensors: x [N, H, D] holds the sequences one after
+another (a batch of B sequences of length T is N = B*T packed tokens), log-gates g and
+their chunk-local cumulative sums b [N, H, M] are fp32. Two tilings:
+
+- chunks of BT positions (64): the states (K~ [M, dk], V~ [M, dv]) are kept, in fp32,
+  at the start of every chunk. They do not depend on q, so one sequential kernel per
+  (sequence, head, column block) scans them (`_state_fwd_kernel`); its mirror
+  `_state_bwd_kernel` scans the state gradients right to left.
+- sub-chunks of BC positions (16) inside a chunk: one program per sub-chunk reads its
+  chunk's start state and the earlier sub-chunks of its chunk. Both gated-linear-attention
+  passes and the slot softmax between them run in that one program; slot logits never
+  reach memory in the forward.
+
+Stability: inside a chunk b is non-increasing in time, so for query row t in sub-chunk i
+and key row j in an earlier sub-chunk, exp(b_t - b_j) = exp(b_t - b_r) * exp(b_r - b_j)
+with r the first row of sub-chunk i is a product of two factors <= 1, which turns the
+block into matrix products. Pairs inside one sub-chunk take exp(b_t - b_j) directly, one
+key (or query) row at a time. No exponent is ever positive.
+
+Dots run on fp32 operands: "ieee" for fp32 inputs, "tf32" otherwise.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _state_fwd_step(state, i_c, x_ptr, g_ptr, b_ptr, states_ptr, bos, eos, c_first, i_h, i_d, H, M, D,
+                    WRITE_B: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+                    PREC: tl.constexpr):
+    """Store the state before chunk i_c of the sequence, return the state after it."""
+    o_t = tl.arange(0, BT)
+    o_m = tl.arange(0, BM)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_m = o_m < M
+    rows = bos + i_c * BT + o_t
+    m_t = rows < eos
+    tl.store(states_ptr + ((c_first + i_c) * H + i_h) * M * D + o_m[:, None] * D + o_d[None, :], state,
+             mask=m_m[:, None] & (o_d < D)[None, :])
+    m_tm = m_t[:, None] & m_m[None, :]
+    p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
+    g = tl.load(g_ptr + p_tm, mask=m_tm, other=0.0)
+    b = tl.cumsum(g, 0)  # [BT, BM]; rows past the end add 0
+    if WRITE_B:
+        tl.store(b_ptr + p_tm, b, mask=m_tm & (i_d == 0))
+    g_last = tl.sum(g, 0)  # [BM] = b at the chunk's last row
+    w = (1.0 - tl.exp(g)) * tl.exp(g_last[None, :] - b)  # [BT, BM], s_j decayed to the chunk end
+    x = tl.load(x_ptr + (rows[:, None] * H + i_h) * D + o_d[None, :],
+                mask=m_t[:, None] & (o_d < D)[None, :], other=0.0).to(tl.float32)
+    return state * tl.exp(g_last)[:, None] + tl.dot(tl.trans(w), x, input_precision=PREC)
+
+
+@triton.jit
+def _state_fwd_kernel(
+    x_ptr, g_ptr, b_ptr, h0_ptr, states_ptr, ht_ptr, cu_ptr, coff_ptr,
+    H, M, D,
+    HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, WRITE_B: tl.constexpr,
+    BT: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr, WHILE_LOOPS: tl.constexpr,
+):
+    """State before every chunk of one (sequence, head), columns [i_d*BD, i_d*BD+BD).
+
+    S_{c+1} = diag(exp(G_c)) S_c + sum_j diag(s_j exp(G_c - b_j)) 1 x_j^T, G_c = b at the
+    chunk's last row. x is k (for K~) or v (for V~). Writes states[c] = S_c (chunk start),
+    the final state, and (WRITE_B, column block 0) the chunk-local cumsums b of g.
+    """
+    i_nh, i_d = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos = tl.load(cu_ptr + i_n)
+    eos = tl.load(cu_ptr + i_n + 1)
+    c_first = tl.load(coff_ptr + i_n)
+    o_m = tl.arange(0, BM)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_md = (o_m < M)[:, None] & (o_d < D)[None, :]
+    p_md = o_m[:, None] * D + o_d[None, :]  # offsets inside one [M, D] state
+
+    state = tl.zeros([BM, BD], dtype=tl.float32)
+    if HAS_H0:
+        state = tl.load(h0_ptr + i_nh * M * D + p_md, mask=m_md, other=0.0)
+    n_c = tl.cdiv(eos - bos, BT)
+    if WHILE_LOOPS:
+        i_c = 0
+        while i_c < n_c:
+            state = _state_fwd_step(state, i_c, x_ptr, g_ptr, b_ptr, states_ptr, bos, eos, c_first, i_h, i_d,
+                                    H, M, D, WRITE_B, BT, BM, BD, PREC)
+            i_c += 1
+    else:
+        for i_c in range(0, n_c):
+            state = _state_fwd_step(state, i_c, x_ptr, g_ptr, b_ptr, states_ptr, bos, eos, c_first, i_h, i_d,
+                                    H, M, D, WRITE_B, BT, BM, BD, PREC)
+    if STORE_FINAL:
+        tl.store(ht_ptr + i_nh * M * D + p_md, state, mask=m_md)
+
+
+@triton.jit
+def _state_bwd_step(dstate, i_c, w_ptr, x_ptr, b_ptr, dnext_ptr, bos, eos, c_first, i_h, i_d, scale, H, M, D,
+                    BT: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    """Store the gradient of the state after chunk i_c, return that of the state before it."""
+    o_t = tl.arange(0, BT)
+    o_m = tl.arange(0, BM)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_m = o_m < M
+    t0 = bos + i_c * BT
+    rows = t0 + o_t
+    m_t = rows < eos
+    tl.store(dnext_ptr + ((c_first + i_c) * H + i_h) * M * D + o_m[:, None] * D + o_d[None, :], dstate,
+             mask=m_m[:, None] & (o_d < D)[None, :])
+    m_tm = m_t[:, None] & m_m[None, :]
+    p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
+    b = tl.load(b_ptr + p_tm, mask=m_tm, other=0.0)
+    last = tl.minimum(t0 + BT, eos) - 1
+    g_last = tl.load(b_ptr + (last * H + i_h) * M + o_m, mask=m_m, other=0.0)
+    w = tl.load(w_ptr + p_tm, mask=m_tm, other=0.0) * tl.exp(b)
+    x = tl.load(x_ptr + (rows[:, None] * H + i_h) * D + o_d[None, :],
+                mask=m_t[:, None] & (o_d < D)[None, :], other=0.0).to(tl.float32)
+    return dstate * tl.exp(g_last)[:, None] + scale * tl.dot(tl.trans(w), x, input_precision=PREC)
+
+
+@triton.jit
+def _state_bwd_kernel(
+    w_ptr, x_ptr, b_ptr, dht_ptr, dnext_ptr, dh0_ptr, cu_ptr, coff_ptr,
+    scale, H, M, D,
+    HAS_DHT: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
+    WHILE_LOOPS: tl.constexpr,
+):
+    """Gradient of the state at every chunk end, right to left (mirror of the forward).
+
+    dS_c = scale * (w_c * exp(b_c))^T x_c + diag(exp(G_c)) dS_{c+1}, starting from the
+    final state's gradient. (w, x) is (dz, q) for K~ and (p, do) for V~. Writes
+    dnext[c] = dS_{c+1} (what chunk c's keys need) and dh0 = dS_0.
+    """
+    i_nh, i_d = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos = tl.load(cu_ptr + i_n)
+    eos = tl.load(cu_ptr + i_n + 1)
+    c_first = tl.load(coff_ptr + i_n)
+    o_m = tl.arange(0, BM)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_md = (o_m < M)[:, None] & (o_d < D)[None, :]
+    p_md = o_m[:, None] * D + o_d[None, :]
+
+    dstate = tl.zeros([BM, BD], dtype=tl.float32)
+    if HAS_DHT:
+        dstate = tl.load(dht_ptr + i_nh * M * D + p_md, mask=m_md, other=0.0)
+    n_c = tl.cdiv(eos - bos, BT)
+    if WHILE_LOOPS:
+        i_c = n_c - 1
+        while i_c >= 0:
+            dstate = _state_bwd_step(dstate, i_c, w_ptr, x_ptr, b_ptr, dnext_ptr, bos, eos, c_first, i_h, i_d,
+                                     scale, H, M, D, BT, BM, BD, PREC)
+            i_c -= 1
+    else:
+        for i in range(0, n_c):
+            dstate = _state_bwd_step(dstate, n_c - 1 - i, w_ptr, x_ptr, b_ptr, dnext_ptr, bos, eos, c_first, i_h,
+                                     i_d, scale, H, M, D, BT, BM, BD, PREC)
+    tl.store(dh0_ptr + i_nh * M * D + p_md, dstate, mask=m_md)
+
+
+@triton.jit
+def _read_slots(x_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT: tl.constexpr,
+                BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    """Slot-side read of one sub-chunk (rows r..r+BC): [BC, BM] with entry (t, m) =
+    exp(b_t) (s0 x_t)_m + sum_{c0 <= j <= t} s_j,m exp(b_t,m - b_j,m) (x_t . y_j).
+
+    (x, y, s0) = (q, k, K~0) gives the slot logits before scaling, (do, v, V~0) the
+    gradient of the probabilities. x_i [BC, BD]; s0 [BM, BD]; b_i [BC, BM].
+    """
+    o_c = tl.arange(0, BC)
+    o_m = tl.arange(0, BM)
+    o_d = tl.arange(0, BD)
+    m_m = o_m < M
+    out = tl.dot(x_i, tl.trans(s0), input_precision=PREC) * tl.exp(b_i)
+    b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m, other=0.0)
+    acc = tl.zeros([BC, BM], dtype=tl.float32)
+    for jj in tl.static_range(BT // BC - 1):  # earlier sub-chunks of the chunk (all rows valid)
+        j0 = c0 + jj * BC
+        rows_j = j0 + o_c
+        if j0 < r:
+            y_j = tl.load(y_ptr + (rows_j[:, None] * H + i_h) * D + o_d[None, :],
+                          mask=(o_d < D)[None, :], other=0.0).to(tl.float32)
+            p_jm = (rows_j[:, None] * H + i_h) * M + o_m[None, :]
+            g_j = tl.load(g_ptr + p_jm, mask=m_m[None, :], other=0.0)
+            b_j = tl.load(b_ptr + p_jm, mask=m_m[None, :], other=0.0)
+            a = tl.dot(x_i, tl.trans(y_j), input_precision=PREC)  # [BC, BC]
+            w = (1.0 - tl.exp(g_j)) * tl.exp(b_r[None, :] - b_j)
+            acc += tl.dot(a, w, input_precision=PREC)
+    out += acc * tl.exp(b_i - b_r[None, :])
+    for jj in range(0, BC):  # keys of the sub-chunk itself (past the end: s = 0, y = 0)
+        t = r + jj
+        y_t = tl.load(y_ptr + (t * H + i_h) * D + o_d, mask=(o_d < D) & (t < eos), other=0.0).to(tl.float32)
+        g_t = tl.load(g_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+        b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+        a = tl.sum(x_i * y_t[None, :], 1)  # [BC]
+        decay = tl.exp(tl.minimum(b_i - b_t[None, :], 0.0))
+        out += tl.where((o_c >= jj)[:, None], a[:, None] * (1.0 - tl.exp(g_t))[None, :] * decay, 0.0)
+    return out
+
+
+@triton.jit
+def _read_values(w_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT: tl.constexpr,
+                 BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    """Value-side read of one sub-chunk: [BC, BD] with row t =
+    (w_t * exp(b_t)) s0 + sum_{c0 <= j <= t} (sum_m w_t,m s_j,m exp(b_t,m - b_j,m)) y_j.
+
+    (w, y, s0) = (p, v, V~0) gives the output, (dz, k, K~0) the query gradient (before
+    scaling). w_i [BC, BM]; s0 [BM, BD]; b_i [BC, BM].
+    """
+    o_c = tl.arange(0, BC)
+    o_m = tl.arange(0, BM)
+    o_d = tl.arange(0, BD)
+    m_m = o_m < M
+    out = tl.dot(w_i * tl.exp(b_i), s0, input_precision=PREC)
+    b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m, other=0.0)
+    w_r = w_i * tl.exp(b_i - b_r[None, :])
+    for jj in tl.static_range(BT // BC - 1):
+        j0 = c0 + jj * BC
+        rows_j = j0 + o_c
+        if j0 < r:
+            y_j = tl.load(y_ptr + (rows_j[:, None] * H + i_h) * D + o_d[None, :],
+                          mask=(o_d < D)[None, :], other=0.0).to(tl.float32)
+            p_jm = (rows_j[:, None] * H + i_h) * M + o_m[None, :]
+            g_j = tl.load(g_ptr + p_jm, mask=m_m[None, :], other=0.0)
+            b_j = tl.load(b_ptr + p_jm, mask=m_m[None, :], other=0.0)
+            key = (1.0 - tl.exp(g_j)) * tl.exp(b_r[None, :] - b_j)
+            a = tl.dot(w_r, tl.trans(key), input_precision=PREC)  # [BC, BC]
+            out += tl.dot(a, y_j, input_precision=PREC)
+    for jj in range(0, BC):
+        t = r + jj
+        y_t = tl.load(y_ptr + (t * H + i_h) * D + o_d, mask=(o_d < D) & (t < eos), other=0.0).to(tl.float32)
+        g_t = tl.load(g_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+        b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+        decay = tl.exp(tl.minimum(b_i - b_t[None, :], 0.0))
+        col = tl.sum(w_i * (1.0 - tl.exp(g_t))[None, :] * decay, 1)  # [BC]
+        col = tl.where(o_c >= jj, col, 0.0)
+        out += col[:, None] * y_t[None, :]
+    return out
+
+
+@triton.jit
+def _slot_probs(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, scale, BT: tl.constexpr,
+                BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """Scaled slot logits z [BC, BM] (-inf on padded slots) and their softmax p."""
+    z = _read_slots(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC) * scale
+    z = tl.where((tl.arange(0, BM) < M)[None, :], z, float("-inf"))
+    e = tl.exp(z - tl.max(z, 1)[:, None])
+    return z, e / tl.sum(e, 1)[:, None]
+
+
+@triton.jit
+def _sub_chunk_rows(sub_ptr, i_s):
+    """(first row, chunk's first row, chunk index, sequence end) of sub-chunk i_s."""
+    return (tl.load(sub_ptr + 4 * i_s), tl.load(sub_ptr + 4 * i_s + 1),
+            tl.load(sub_ptr + 4 * i_s + 2), tl.load(sub_ptr + 4 * i_s + 3))
+
+
+@triton.jit
+def _output_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sk_ptr, sv_ptr, o_ptr, sub_ptr,
+    scale, H, M, DK, DV,
+    BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Output of one sub-chunk: slot logits, softmax, value read, all in registers."""
+    i_s, i_h = tl.program_id(0), tl.program_id(1)
+    r, c0, i_c, eos = _sub_chunk_rows(sub_ptr, i_s)
+    o_c = tl.arange(0, BC)
+    o_m = tl.arange(0, BM)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    rows = r + o_c
+    m_t = rows < eos
+    m_m = o_m < M
+    q_i = tl.load(q_ptr + (rows[:, None] * H + i_h) * DK + o_k[None, :],
+                  mask=m_t[:, None] & (o_k < DK)[None, :], other=0.0).to(tl.float32)
+    b_i = tl.load(b_ptr + (rows[:, None] * H + i_h) * M + o_m[None, :],
+                  mask=m_t[:, None] & m_m[None, :], other=0.0)
+    sk = tl.load(sk_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DK + o_k[None, :],
+                 mask=m_m[:, None] & (o_k < DK)[None, :], other=0.0)
+    sv = tl.load(sv_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DV + o_v[None, :],
+                 mask=m_m[:, None] & (o_v < DV)[None, :], other=0.0)
+    _, p = _slot_probs(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, scale, BT, BC, BM, BK, PREC)
+    o = _read_values(p, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC)
+    tl.store(o_ptr + (rows[:, None] * H + i_h) * DV + o_v[None, :], o.to(o_ptr.dtype.element_ty),
+             mask=m_t[:, None] & (o_v < DV)[None, :])
+
+
+@triton.jit
+def _query_bwd_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sk_ptr, sv_ptr, do_ptr, sub_ptr,
+    p_ptr, dz_ptr, dq_ptr, dgate_ptr,
+    scale, H, M, DK, DV,
+    BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Query side of the backward for one sub-chunk.
+
+    Recomputes z, p; dp_t,m = do_t . V~_t[m]; dz = p (dp - <p, dp>). Writes p and dz
+    (fp32, for the key side and the state scan), dq = scale K~_t^T dz_t, and the query
+    part z*dz + p*dp of the gradient with respect to the cumulative log-gates.
+    """
+    i_s, i_h = tl.program_id(0), tl.program_id(1)
+    r, c0, i_c, eos = _sub_chunk_rows(sub_ptr, i_s)
+    o_c = tl.arange(0, BC)
+    o_m = tl.arange(0, BM)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    rows = r + o_c
+    m_t = rows < eos
+    m_m = o_m < M
+    m_tm = m_t[:, None] & m_m[None, :]
+    p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
+    q_i = tl.load(q_ptr + (rows[:, None] * H + i_h) * DK + o_k[None, :],
+                  mask=m_t[:, None] & (o_k < DK)[None, :], other=0.0).to(tl.float32)
+    do_i = tl.load(do_ptr + (rows[:, None] * H + i_h) * DV + o_v[None, :],
+                   mask=m_t[:, None] & (o_v < DV)[None, :], other=0.0).to(tl.float32)
+    b_i = tl.load(b_ptr + p_tm, mask=m_tm, other=0.0)
+    sk = tl.load(sk_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DK + o_k[None, :],
+                 mask=m_m[:, None] & (o_k < DK)[None, :], other=0.0)
+    sv = tl.load(sv_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DV + o_v[None, :],
+                 mask=m_m[:, None] & (o_v < DV)[None, :], other=0.0)
+    z, p = _slot_probs(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, scale, BT, BC, BM, BK, PREC)
+    dp = _read_slots(do_i, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC)
+    dz = p * (dp - tl.sum(p * dp, 1)[:, None])
+    dq = _read_values(dz, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC) * scale
+    dgate = tl.where(m_m[None, :], z * dz, 0.0) + p * dp
+    tl.store(p_ptr + p_tm, p, mask=m_tm)
+    tl.store(dz_ptr + p_tm, dz, mask=m_tm)
+    tl.store(dgate_ptr + p_tm, dgate, mask=m_tm)
+    tl.store(dq_ptr + (rows[:, None] * H + i_h) * DK + o_k[None, :], dq.to(dq_ptr.dtype.element_ty),
+             mask=m_t[:, None] & (o_k < DK)[None, :])
+
+
+@triton.jit
+def _key_bwd_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, do_ptr, p_ptr, dz_ptr, dnk_ptr, dnv_ptr, sub_ptr,
+    dk_ptr, dv_ptr, dgate_ptr, dg_ptr,
+    scale, H, M, DK, DV,
+    BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Key side of the backward for one sub-chunk of keys j.
+
+    From the later queries of the same chunk (both passes) and from the state gradient
+    at the chunk end (dnext): dk, dv and ds, the gradient of the write weights s_j.
+    Then dgate_j -= s_j ds_j (the key part of the cumulative-gate gradient, in place) and
+    dg_j = -exp(g_j) ds_j (through s = 1 - exp(g)); the reverse cumulative sum of dgate
+    is added to dg afterwards (`_gate_grad_kernel`).
+    """
+    i_s, i_h = tl.program_id(0), tl.program_id(1)
+    j0, c0, i_c, eos = _sub_chunk_rows(sub_ptr, i_s)
+    o_c = tl.arange(0, BC)
+    o_m = tl.arange(0, BM)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    rows = j0 + o_c
+    m_t = rows < eos
+    m_m = o_m < M
+    m_k = o_k < DK
+    m_v = o_v < DV
+    m_tm = m_t[:, None] & m_m[None, :]
+    p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
+    k_j = tl.load(k_ptr + (rows[:, None] * H + i_h) * DK + o_k[None, :],
+                  mask=m_t[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+    v_j = tl.load(v_ptr + (rows[:, None] * H + i_h) * DV + o_v[None, :],
+                  mask=m_t[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+    g_j = tl.load(g_ptr + p_tm, mask=m_tm, other=0.0)
+    b_j = tl.load(b_ptr + p_tm, mask=m_tm, other=0.0)
+    s_j = 1.0 - tl.exp(g_j)
+    end = tl.minimum(c0 + BT, eos)
+
+    # through the state at the chunk end
+    g_last = tl.load(b_ptr + ((end - 1) * H + i_h) * M + o_m, mask=m_m, other=0.0)
+    to_end = tl.exp(tl.minimum(g_last[None, :] - b_j, 0.0))  # [BC, BM]
+    dnk = tl.load(dnk_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DK + o_k[None, :],
+                  mask=m_m[:, None] & m_k[None, :], other=0.0)
+    dnv = tl.load(dnv_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DV + o_v[None, :],
+                  mask=m_m[:, None] & m_v[None, :], other=0.0)
+    dk = tl.dot(s_j * to_end, dnk, input_precision=PREC)
+    dv = tl.dot(s_j * to_end, dnv, input_precision=PREC)
+    ds = to_end * (tl.dot(k_j, tl.trans(dnk), input_precision=PREC)
+                   + tl.dot(v_j, tl.trans(dnv), input_precision=PREC))
+
+    # through the queries of the later sub-chunks (reference row: the next sub-chunk's first)
+    r = j0 + BC
+    b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m & (r < end), other=0.0)
+    key = s_j * tl.exp(tl.minimum(b_r[None, :] - b_j, 0.0))
+    acc_k = tl.zeros([BC, BK], dtype=tl.float32)
+    acc_v = tl.zeros([BC, BV], dtype=tl.float32)
+    acc_s = tl.zeros([BC, BM], dtype=tl.float32)
+    for ii in tl.static_range(BT // BC - 1):
+        i0 = r + ii * BC
+        if i0 < end:
+            rows_i = i0 + o_c
+            m_i = rows_i < eos
+            m_im = m_i[:, None] & m_m[None, :]
+            p_im = (rows_i[:, None] * H + i_h) * M + o_m[None, :]
+            q_i = tl.load(q_ptr + (rows_i[:, None] * H + i_h) * DK + o_k[None, :],
+                          mask=m_i[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+            do_i = tl.load(do_ptr + (rows_i[:, None] * H + i_h) * DV + o_v[None, :],
+                           mask=m_i[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+            b_i = tl.load(b_ptr + p_im, mask=m_im, other=0.0)
+            decay = tl.where(m_im, tl.exp(tl.minimum(b_i - b_r[None, :], 0.0)), 0.0)
+            dz_i = tl.load(dz_ptr + p_im, mask=m_im, other=0.0) * decay
+            p_i = tl.load(p_ptr + p_im, mask=m_im, other=0.0) * decay
+            w1 = tl.dot(dz_i, tl.trans(key), input_precision=PREC)  # [BC_t, BC_j]
+            w2 = tl.dot(p_i, tl.trans(key), input_precision=PREC)
+            acc_k += tl.dot(tl.trans(w1), q_i, input_precision=PREC)
+            acc_v += tl.dot(tl.trans(w2), do_i, input_precision=PREC)
+            a = tl.dot(k_j, tl.trans(q_i), input_precision=PREC)  # [BC_j, BC_t]
+            d = tl.dot(v_j, tl.trans(do_i), input_precision=PREC)
+            acc_s += scale * tl.dot(a, dz_i, input_precision=PREC) + tl.dot(d, p_i, input_precision=PREC)
+    dk += scale * acc_k
+    dv += acc_v
+    ds += acc_s * tl.exp(tl.minimum(b_r[None, :] - b_j, 0.0))
+
+    # through the queries of the sub-chunk itself (query row t >= key row j)
+    for tt in range(0, BC):  # past the end: q = do = dz = p = 0
+        t = j0 + tt
+        ok = t < eos
+        q_t = tl.load(q_ptr + (t * H + i_h) * DK + o_k, mask=m_k & ok, other=0.0).to(tl.float32)
+        do_t = tl.load(do_ptr + (t * H + i_h) * DV + o_v, mask=m_v & ok, other=0.0).to(tl.float32)
+        b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
+        dz_t = tl.load(dz_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
+        p_t = tl.load(p_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
+        decay = tl.where((o_c <= tt)[:, None], tl.exp(tl.minimum(b_t[None, :] - b_j, 0.0)), 0.0)
+        s_decay = s_j * decay
+        w1 = tl.sum(dz_t[None, :] * s_decay, 1)  # [BC_j]
+        w2 = tl.sum(p_t[None, :] * s_decay, 1)
+        dk += scale * w1[:, None] * q_t[None, :]
+        dv += w2[:, None] * do_t[None, :]
+        a = tl.sum(k_j * q_t[None, :], 1)
+        d = tl.sum(v_j * do_t[None, :], 1)
+        ds += decay * (scale * a[:, None] * dz_t[None, :] + d[:, None] * p_t[None, :])
+
+    tl.store(dk_ptr + (rows[:, None] * H + i_h) * DK + o_k[None, :], dk.to(dk_ptr.dtype.element_ty),
+             mask=m_t[:, None] & m_k[None, :])
+    tl.store(dv_ptr + (rows[:, None] * H + i_h) * DV + o_v[None, :], dv.to(dv_ptr.dtype.element_ty),
+             mask=m_t[:, None] & m_v[None, :])
+    dgate = tl.load(dgate_ptr + p_tm, mask=m_tm, other=0.0) - s_j * ds
+    tl.store(dgate_ptr + p_tm, dgate, mask=m_tm)
+    tl.store(dg_ptr + p_tm, -tl.exp(g_j) * ds, mask=m_tm)
+
+
+@triton.jit
+def _gate_grad_step(carry, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, BT: tl.constexpr, BM: tl.constexpr):
+    """dg += reverse cumulative sum of dgate over chunk i_c, plus what follows it (carry)."""
+    o_m = tl.arange(0, BM)
+    rows = bos + i_c * BT + tl.arange(0, BT)
+    m_tm = (rows < eos)[:, None] & (o_m < M)[None, :]
+    p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
+    x = tl.load(dgate_ptr + p_tm, mask=m_tm, other=0.0)
+    dg = tl.load(dg_ptr + p_tm, mask=m_tm, other=0.0) + tl.cumsum(x, 0, reverse=True) + carry[None, :]
+    tl.store(dg_ptr + p_tm, dg, mask=m_tm)
+    return carry + tl.sum(x, 0)
+
+
+@triton.jit
+def _gate_grad_kernel(dgate_ptr, dg_ptr, carry_ptr, cu_ptr, H, M, BT: tl.constexpr, BM: tl.constexpr,
+                      WHILE_LOOPS: tl.constexpr):
+    """dg_t += carry + sum_{t' >= t in the sequence} dgate_t' (log-gate gradient).
+
+    dgate_t' is the gradient with respect to the cumulative log-gate G_t' = sum of g up to
+    t' (every term of the recurrence carries exp(G_t' - G_j)), so it reaches every g_t
+    with t <= t' of the same sequence. `carry` [NS, H, M] is the final state's share
+    (the final state is a read at the last row).
+    """
+    i_nh = tl.program_id(0)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos = tl.load(cu_ptr + i_n)
+    eos = tl.load(cu_ptr + i_n + 1)
+    o_m = tl.arange(0, BM)
+    carry = tl.load(carry_ptr + i_nh * M + o_m, mask=o_m < M, other=0.0)
+    n_c = tl.cdiv(eos - bos, BT)
+    if WHILE_LOOPS:
+        i_c = n_c - 1
+        while i_c >= 0:
+            carry = _gate_grad_step(carry, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, BT, BM)
+            i_c -= 1
+    else:
+        for i in range(0, n_c):
+            carry = _gate_grad_step(carry, n_c - 1 - i, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, BT, BM)
