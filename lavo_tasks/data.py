@@ -18,16 +18,32 @@ class StepBatchSampler(Sampler[list[int]]):
     Training runs for `trainer.max_steps`, so there are no epochs to finish: a run
     resumed at global step k asks for `start_step=k` and sees exactly the batches an
     uninterrupted run would have seen from there on.
+
+    Under DDP each of the `world_size` processes takes its own `batch_size` items of the
+    `world_size * batch_size` drawn for the step (`rank`, `world_size` default to
+    torch.distributed's when it is initialised), so the run's global batches depend on
+    (seed, step, world_size) only. The runner turns off Lightning's distributed sampler,
+    which cannot wrap this one.
     """
 
-    def __init__(self, n_items: int, batch_size: int, seed: int, start_step: int = 0):
+    def __init__(self, n_items: int, batch_size: int, seed: int, start_step: int = 0,
+                 rank: int | None = None, world_size: int | None = None):
         if n_items < 1:
             raise ValueError("StepBatchSampler needs at least one item")
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if rank is None:
+            rank = torch.distributed.get_rank() if distributed else 0
+        if world_size is None:
+            world_size = torch.distributed.get_world_size() if distributed else 1
+        if not 0 <= rank < world_size:
+            raise ValueError(f"StepBatchSampler: rank {rank} is not in [0, world_size={world_size})")
         self.n_items, self.batch_size, self.seed, self.start_step = n_items, batch_size, seed, start_step
+        self.rank, self.world_size = rank, world_size
 
     def __iter__(self) -> Iterator[list[int]]:
         step = self.start_step
         while True:
             g = step_generator(self.seed, step)
-            yield torch.randint(self.n_items, (self.batch_size,), generator=g).tolist()
+            drawn = torch.randint(self.n_items, (self.world_size * self.batch_size,), generator=g)
+            yield drawn[self.rank * self.batch_size:(self.rank + 1) * self.batch_size].tolist()
             step += 1

@@ -152,6 +152,9 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, fitting: bool) -> L.Trainer
             plugins=[AtomicCheckpointIO()],
             gradient_clip_val=cfg.optim.grad_clip or None,
             check_val_every_n_epoch=None,  # val_check_interval counts steps, across epochs
+            # Training batches shard themselves (lavo_tasks.data.StepBatchSampler); every
+            # process validates and tests on the whole split, so the metrics need no syncing.
+            use_distributed_sampler=False,
         )
     except (MisconfigurationException, ValueError, TypeError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

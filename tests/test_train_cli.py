@@ -240,3 +240,16 @@ def test_evaluate_errors(tmp_path, capsys):
         assert evaluate.main(args) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, (args, err)
+
+
+def test_step_batches_shard_across_processes():
+    def drawn(step, count):  # what the step's generator draws, by its definition
+        return torch.randint(50, (count,), generator=torch.Generator().manual_seed(7 * 1_000_003 + step)).tolist()
+
+    alone = StepBatchSampler(50, 3, seed=7, start_step=4)
+    assert [next(iter(alone)) for _ in range(2)] == [drawn(4, 3)] * 2
+    batches = iter(alone)
+    assert [next(batches), next(batches)] == [drawn(4, 3), drawn(5, 3)]
+    ranks = [iter(StepBatchSampler(50, 3, seed=7, start_step=4, rank=r, world_size=2)) for r in range(2)]
+    for step in (4, 5):
+        assert next(ranks[0]) + next(ranks[1]) == drawn(step, 6)
