@@ -62,10 +62,11 @@ def test_encoder_padding_invariance(name, causal):
     assert_near(layer(changed_padding(x, mask), mask), y)
 
 
-def test_decoder_padding_invariance():
+@pytest.mark.parametrize("name", ATTENTION_NAMES)
+def test_decoder_padding_invariance(name):
     torch.manual_seed(0)
-    cfg = attention_cfg("softmax")
-    layer = TransformerDecoderLayer(D_MODEL, N_HEADS, cfg, cfg, d_ff=D_FF)
+    layer = TransformerDecoderLayer(D_MODEL, N_HEADS, attention_cfg(name), attention_cfg(cross_name(name, False)),
+                                    d_ff=D_FF)
     x, mask = torch.randn(3, T, D_MODEL), padding_mask(T)
     memory, memory_mask = torch.randn(3, M, D_MODEL), padding_mask(M)
     y, _ = layer(x, memory, mask, memory_mask)

@@ -102,7 +102,9 @@ class LocalAttention(SoftmaxAttention):
         B, t, keep = x.shape[0], x.shape[1], self.window - 1
         q = self._queries(x, state.position)
         k_new, v_new = self._keys_values(x, state.position)
-        k, v = torch.cat([state.k, k_new], dim=2), torch.cat([state.v, v_new], dim=2)  # [B, H, w-1+t, d]
+        dtype = q.dtype  # under autocast the buffer may have been made in another dtype
+        k = torch.cat([state.k.to(dtype), k_new.to(dtype)], dim=2)  # [B, H, w-1+t, d]
+        v = torch.cat([state.v.to(dtype), v_new.to(dtype)], dim=2)
         filled = torch.cat([state.filled, state.filled.new_ones(t)])  # [w-1+t]
         q = F.pad(q, (0, 0, keep, 0))  # [B, H, w-1+t, d]
         o = window_attention(q, k, v, window=self.window, causal=True, key_mask=filled.expand(B, -1))

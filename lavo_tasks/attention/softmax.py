@@ -139,9 +139,10 @@ class SoftmaxAttention(AttentionBlock):
 
     def _decode(self, x, state: KVCache):
         q = self._queries(x, state.position)
-        k, v = state.k, state.v
+        # Casts: under autocast the cache may have been made in another dtype than q.
+        k, v = state.k.to(q.dtype), state.v.to(q.dtype)
         if not self.cross:
             k_new, v_new = self._keys_values(x, state.position)
-            k, v = torch.cat([k, k_new], dim=2), torch.cat([v, v_new], dim=2)
+            k, v = torch.cat([k, k_new.to(q.dtype)], dim=2), torch.cat([v, v_new.to(q.dtype)], dim=2)
         o = attend(q, k, v, causal=self.causal, offset=state.position, key_mask=state.key_mask)
         return o, KVCache(k, v, state.key_mask, state.position + x.shape[1])
