@@ -1,0 +1,187 @@
+"""LAVO on Triton: `chunk_lavo_attn`, the fused window-plus-memory attention with its backward.
+
+The sequence is cut into chunks of C positions. Per chunk and head, the forward runs one
+online softmax over the r memory logits and the window logits and saves the output and
+the log-sum-exp (chunk_fwd.py); the backward recomputes the scores (chunk_bwd.py). What
+crosses chunks is small and fp32: the sum of the values before each chunk (the memory's
+cumulative sum, a value-space vector of d numbers: h = B vbar, so summing v is summing
+c = B v) and, backward, the per-chunk totals of the memory gradient. Those prefix and
+suffix sums run here over the chunk totals in float64. No n x n, n x w or n x r x d
+tensor is ever written.
+
+Patterns: CS, CC and NS. NC (memory only, with segments) is not done in Triton and
+raises NotImplementedError.
+"""
+
+import math
+
+import torch
+import triton
+
+from .chunk_bwd import lavo_dkv_kernel, lavo_dq_kernel
+from .chunk_fwd import chunk_value_sums_kernel, lavo_fwd_kernel
+
+CHUNK = 64  # positions per chunk: query block = key block = memory chunk
+DQ_GROUP = 8  # query chunks per program of the dq kernel (one dB partial sum each)
+
+
+def chunk_lavo_attn(
+    q, k, v, basis, rel_bias, mem_bias, *, window, causal=True, cross=False, segments=1, scale=None, kv_mask=None,
+    cu_seqlens=None,
+):
+    """`lavo_attn` on the Triton kernels (same arguments, without `backend`; inputs are
+    assumed checked by `checks.check_lavo_args`). Differentiable in q, k, v, basis,
+    rel_bias and mem_bias."""
+    return lavo_chunked(
+        q, k, v, basis, rel_bias, mem_bias, window=window, causal=causal, cross=cross, segments=segments,
+        scale=scale, kv_mask=kv_mask, cu_seqlens=cu_seqlens, chunk=CHUNK,
+    )
+
+
+def lavo_chunked(q, k, v, basis, rel_bias, mem_bias, *, window, causal, cross, segments, scale, kv_mask, cu_seqlens, chunk):
+    """`chunk_lavo_attn` with the chunk size as an argument (the tests use small chunks
+    so that short sequences still span several)."""
+    if cross and not causal:
+        raise NotImplementedError("lavo pattern NC (noncausal cross, memory only) has no Triton kernel; use backend='torch'")
+    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise NotImplementedError(f"q dtype {q.dtype}: the Triton kernels take float32, bfloat16 or float16")
+    if q.shape[0] * q.shape[1] == 0:
+        return torch.zeros_like(q)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return _LavoChunkFn.apply(q, k, v, basis, rel_bias, mem_bias, window, causal, cross, scale, kv_mask, cu_seqlens, chunk)
+
+
+class _Layout:
+    """Chunk tables and the index pairs of the cross-chunk prefix/suffix sums.
+
+    Rows of a chunk table: (q_row0, n, kv_row0, m, c) int32. `pre_hi/pre_lo` pick, per
+    query chunk, the prefix-sum entries whose difference is the value sum it needs;
+    `suf_hi/suf_lo` pick, per key chunk, the query chunks after it (all, for NS)."""
+
+    def __init__(self, batch, n, m, cu_seqlens, chunk, noncausal, device):
+        if cu_seqlens is None:
+            seqs = [(b * n, n, b * m, m) for b in range(batch)]
+        else:
+            bounds = cu_seqlens.tolist()
+            seqs = [(s, e - s, s, e - s) for s, e in zip(bounds, bounds[1:]) if e > s]
+        qrows, krows, pre_hi, pre_lo, suf_hi, suf_lo = [], [], [], [], [], []
+        for q0, ns, k0, ms in seqs:
+            nqc, nkc = math.ceil(ns / chunk), math.ceil(ms / chunk)
+            qfirst, kfirst = len(qrows), len(krows)
+            for c in range(nqc):
+                qrows.append((q0, ns, k0, ms, c))
+                pre_lo.append(kfirst)
+                pre_hi.append(kfirst + (nkc if noncausal else min(c, nkc)))
+            for c in range(nkc):
+                krows.append((q0, ns, k0, ms, c))
+                suf_lo.append(qfirst + (0 if noncausal else min(c + 1, nqc)))
+                suf_hi.append(qfirst + nqc)
+        as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=device).reshape(len(x), -1)
+        self.qchunks, self.kchunks = as_tensor(qrows), as_tensor(krows)
+        idx = lambda x: torch.tensor(x, dtype=torch.long, device=device)
+        self.pre_hi, self.pre_lo, self.suf_hi, self.suf_lo = map(idx, (pre_hi, pre_lo, suf_hi, suf_lo))
+        self.seq_kv_bounds = [(k0, k0 + ms) for _, _, k0, ms in seqs]
+
+
+def _range_sums(totals, hi, lo):
+    """Sums of totals[lo:hi] (chunk axis 0) for each index pair, through a float64 prefix sum."""
+    prefix = torch.cat([totals.new_zeros(1, *totals.shape[1:]), totals.double().cumsum(0)])
+    return (prefix[hi] - prefix[lo]).float().contiguous()
+
+
+def _valid_counts(kv_mask, layout):
+    """Per key row: how many valid keys its sequence has up to and including it (fp32)."""
+    flat = kv_mask.reshape(-1).to(torch.int64)
+    cnt = torch.empty_like(flat)
+    for lo, hi in layout.seq_kv_bounds:
+        cnt[lo:hi] = flat[lo:hi].cumsum(0)
+    return cnt.float()
+
+
+def _compile_args(q, chunk, noncausal, window, kv_mask, cross):
+    """The kernels' compile-time arguments."""
+    d = q.shape[-1]
+    half = window // 2 if noncausal else 0
+    span = 2 * half + chunk if noncausal else window + chunk - 1  # keys one chunk's windows reach
+    return dict(
+        D=d, BD=max(16, triton.next_power_of_2(d)), C=chunk, WINDOW=window, NS=noncausal, HALF=half,
+        NKB=(span - 1) // chunk + 2,  # blocks a span of that many positions can touch
+        HAS_MASK=kv_mask is not None, QMASK=kv_mask is not None and not cross,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32",
+    )
+
+
+class _LavoChunkFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, basis, rel_bias, mem_bias, window, causal, cross, scale, kv_mask, cu_seqlens, chunk):
+        batch, n, heads, d = q.shape
+        m = k.shape[1]
+        noncausal = not causal
+        rank = basis.shape[1]
+        layout = _Layout(batch, n, m, cu_seqlens, chunk, noncausal, q.device)
+        qf, kf, vf = (x.contiguous().view(-1, heads, d) for x in (q, k, v))  # [rows, H, d]
+        bas = basis.detach().float().contiguous()
+        rho = rel_bias.detach().float().contiguous()
+        mu = mem_bias.detach().float().reshape(heads).contiguous()
+        kvm = kv_mask.reshape(-1).to(torch.uint8) if kv_mask is not None else qf
+        cnt = _valid_counts(kv_mask, layout) if kv_mask is not None else rho
+        meta = _compile_args(q, chunk, noncausal, window, kv_mask, cross)
+
+        sums = torch.empty(len(layout.kchunks), heads, d, dtype=torch.float32, device=q.device)
+        chunk_value_sums_kernel[(len(layout.kchunks), heads)](
+            vf, kvm, sums, layout.kchunks, heads, D=d, BD=meta["BD"], C=chunk, HAS_MASK=meta["HAS_MASK"]
+        )
+        pre = _range_sums(sums, layout.pre_hi, layout.pre_lo)  # [query chunks, H, d]
+        o = torch.empty_like(qf)
+        lse = torch.empty(qf.shape[0], heads, dtype=torch.float32, device=q.device)
+        br = max(16, triton.next_power_of_2(rank))
+        lavo_fwd_kernel[(len(layout.qchunks), heads)](
+            qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, layout.qchunks,
+            heads, rho.shape[1], scale, R=rank, BR=br, num_warps=4, **meta,
+        )
+        ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm)
+        ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, br, scale, window)
+        ctx.param_dtypes = (basis.dtype, rel_bias.dtype, mem_bias.dtype, mem_bias.shape)
+        return o.view(q.shape)
+
+    @staticmethod
+    def backward(ctx, do):
+        qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm = ctx.saved_tensors
+        layout, meta = ctx.layout, ctx.meta
+        batch, n, m, heads, d, rank, br, scale, window = ctx.dims
+        dof = do.contiguous().view(-1, heads, d)
+        nq, nk = len(layout.qchunks), len(layout.kchunks)
+        groups = math.ceil(nq / DQ_GROUP)
+        dq = torch.empty_like(qf)
+        delta = torch.empty_like(lse)
+        drho = torch.zeros_like(rho)
+        db_part = torch.empty(groups, heads, rank, d, dtype=torch.float32, device=qf.device)
+        dmu_part = torch.empty(groups, heads, dtype=torch.float32, device=qf.device)
+        dvl = (torch.zeros if m > n else torch.empty)(vf.shape, dtype=torch.float32, device=qf.device)
+        wsum = torch.empty(nq, heads, d, dtype=torch.float32, device=qf.device)
+        lavo_dq_kernel[(groups, heads)](
+            qf, kf, vf, o, dof, lse, bas, rho, mu, pre, cnt, kvm, layout.qchunks,
+            dq, delta, drho, db_part, dmu_part, dvl, wsum,
+            heads, rho.shape[1], nq, scale, R=rank, BR=br, GROUP=DQ_GROUP, num_warps=8, **meta,
+        )
+        suf = _range_sums(wsum, layout.suf_hi, layout.suf_lo)  # [key chunks, H, d]
+        # CC, target longer than the source: query blocks past the source (a power of 2,
+        # so that few lengths compile their own kernel)
+        tail = triton.next_power_of_2(math.ceil((n - m) / meta["C"]) + 1) if n > m else 0
+        dk = torch.empty_like(kf)
+        dv = torch.empty_like(vf)
+        lavo_dkv_kernel[(nk, heads)](
+            qf, kf, vf, dof, lse, delta, rho, kvm, layout.kchunks, dvl, suf, dk, dv,
+            heads, rho.shape[1], scale, NQB=meta["NKB"], TAIL=tail, num_warps=4,
+            **{x: meta[x] for x in _DKV_META},
+        )
+        basis_dtype, rho_dtype, mu_dtype, mu_shape = ctx.param_dtypes
+        shape_q, shape_k = (batch, n, heads, d), (batch, m, heads, d)
+        return (
+            dq.view(shape_q), dk.view(shape_k), dv.view(shape_k), db_part.sum(0).to(basis_dtype),
+            drho.to(rho_dtype), dmu_part.sum(0).reshape(mu_shape).to(mu_dtype),
+            None, None, None, None, None, None, None,
+        )
+
+
+_DKV_META = ("D", "BD", "C", "WINDOW", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")

@@ -1,0 +1,218 @@
+"""LAVO backward kernels.
+
+Per query t (log-sum-exp `lse` saved by the forward, Delta_t = dO_t . o_t):
+- window, key j: ds = p (dO . v_j - Delta); dq += scale ds k_j, dk_j += scale ds q_t,
+  dv_j += p dO_t, drho[t'-j] += ds;
+- memory, slot i (g = B q, h = B vbar, u = B dO, pm = slot weight):
+  de_i = pm_i (h_i u_i - Delta), dmu += de_i, dg_i = scale de_i h_i,
+  dh_i = scale de_i g_i + pm_i u_i; dq += B^T dg; dB += dg q^T + (pm h) dO^T + dh vbar^T;
+  and dvbar = B^T dh reaches every value of the memory set divided by its count:
+  dv_j += sum over queries t whose set holds j of dvbar_t / count_t, a reverse
+  cumulative sum (causal) or one sum (NS).
+
+`lavo_dq_kernel` (one program per group of query chunks and head) does the query side:
+Delta, dq, the dB / dmu partial sums of its group, drho by atomic adds, and for the
+reverse cumulative sum the in-chunk part per key row (DVL) plus the chunk total (WSUM).
+The caller turns WSUM into per-key-chunk suffix sums (SUF); `lavo_dkv_kernel` (one
+program per key chunk and head) then does the window dk, dv and adds DVL + SUF.
+"""
+
+import triton
+import triton.language as tl
+
+from .chunk_common import key_valid, load_basis, load_chunk, load_rows, memory_mean, store_rows, window_logits
+
+
+@triton.jit
+def _bias_grad(DRHO, ds, h, NB, base, C: tl.constexpr):
+    """drho[base + i - jj] += ds[i, jj] for a [C, C] tile whose bias index is base + i - jj.
+
+    The tile is sheared with a gather (column (i - e) mod C of row i), so each
+    diagonal becomes a column; its sum is one atomic add per bias entry, not per score."""
+    i = tl.arange(0, C)
+    e = tl.arange(0, C)
+    sheared = tl.gather(ds, (i[:, None] - e[None, :] + C) % C, 1)
+    below = tl.sum(tl.where(i[:, None] >= e[None, :], sheared, 0.0), 0)  # diagonal i - jj = e
+    above = tl.sum(tl.where(i[:, None] < e[None, :], sheared, 0.0), 0)  # diagonal i - jj = e - C
+    idx_b = base + e
+    idx_a = base + e - C
+    tl.atomic_add(DRHO + h * NB + idx_b, below, mask=(idx_b >= 0) & (idx_b < NB))
+    tl.atomic_add(DRHO + h * NB + idx_a, above, mask=(e > 0) & (idx_a >= 0) & (idx_a < NB))
+
+
+@triton.jit
+def lavo_dq_kernel(
+    Q, K, V, O, DO, LSE, BAS, RHO, MU, PRE, CNT, KVM, CHUNKS,
+    DQ, DELTA, DRHO, DB_PART, DMU_PART, DVL, WSUM,
+    H, NB, n_chunks, scale,
+    D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, C: tl.constexpr, GROUP: tl.constexpr,
+    WINDOW: tl.constexpr, NKB: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr,
+    QMASK: tl.constexpr, PREC: tl.constexpr,
+):
+    gid = tl.program_id(0)
+    h = tl.program_id(1)
+    rr = tl.arange(0, BR)
+    dd = tl.arange(0, BD)
+    basis = load_basis(BAS, h, R, D, BR, BD)  # [BR, BD]
+    mu = tl.load(MU + h)
+    db_acc = tl.zeros([BR, BD], tl.float32)
+    dmu_acc = tl.zeros([C, BR], tl.float32)
+    for i in range(GROUP):
+        cid = gid * GROUP + i
+        if cid < n_chunks:
+            q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
+            t = c * C + tl.arange(0, C)
+            t_ok = t < n
+            if QMASK:  # a padded query has no output, so no gradient flows from it
+                t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
+            tt = tl.minimum(t, m - 1)
+            q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
+            do = load_rows(DO, q_row0, t, t_ok, h, H, D, BD)
+            o = load_rows(O, q_row0, t, t_ok, h, H, D, BD)
+            lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
+            delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # [C]
+            tl.store(DELTA + (q_row0 + t).to(tl.int64) * H + h, delta, mask=t < n)
+
+            # memory part
+            qf = q.to(tl.float32)
+            dof = do.to(tl.float32)
+            vbar, cnt = memory_mean(V, KVM, CNT, PRE, cid, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, NS, HAS_MASK, PREC)
+            g = tl.dot(qf, tl.trans(basis), input_precision=PREC)  # [C, BR]
+            hm = tl.dot(vbar, tl.trans(basis), input_precision=PREC)  # [C, BR]
+            u = tl.dot(dof, tl.trans(basis), input_precision=PREC)  # [C, BR]
+            e = (scale * hm * g + mu) * 1.4426950408889634
+            pm = tl.where((rr < R)[None, :] & t_ok[:, None], tl.exp2(e - lse[:, None]), 0.0)
+            de = pm * (hm * u - delta[:, None])
+            dmu_acc += de
+            dg = scale * de * hm
+            dh = scale * de * g + pm * u
+            dq = tl.dot(dg, basis, input_precision=PREC)  # [C, BD]
+            db_acc += tl.dot(tl.trans(dg), qf, input_precision=PREC)
+            db_acc += tl.dot(tl.trans(pm * hm), dof, input_precision=PREC)
+            db_acc += tl.dot(tl.trans(dh), vbar, input_precision=PREC)
+            dvbar = tl.dot(dh, basis, input_precision=PREC)  # [C, BD]
+            wv = tl.where((cnt > 0)[:, None], dvbar / tl.maximum(cnt, 1.0)[:, None], 0.0)
+            tl.store(WSUM + (cid * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), mask=dd < D)
+            if not NS:
+                # in-chunk reverse cumulative sum: dvl[j] = sum over t >= j of wv[t] (rows j = t)
+                upper = (t[:, None] <= t[None, :]).to(tl.float32)  # [j, t]
+                dvl = tl.dot(upper, wv, input_precision=PREC)
+                store_rows(DVL, dvl, kv_row0, t, t < m, h, H, D, BD)
+
+            # window part
+            dq_w = tl.zeros([C, BD], tl.float32)
+            if NS:
+                lo = tl.maximum(c * C - HALF, 0)
+                hi = tl.minimum(c * C + C - 1 + HALF, m - 1)
+            else:
+                lo = tl.maximum(tl.minimum(c * C, m - 1) - WINDOW + 1, 0)
+                hi = tl.minimum(c * C + C - 1, m - 1)
+            for b in range(NKB):
+                start = lo - lo % C + b * C
+                if start <= hi:
+                    j = start + tl.arange(0, C)
+                    j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
+                    kb = load_rows(K, kv_row0, j, j_ok, h, H, D, BD)
+                    vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD)
+                    s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)
+                    p = tl.exp2(s - lse[:, None])
+                    dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
+                    ds = tl.where(in_win & t_ok[:, None], p * (dp - delta[:, None]), 0.0)
+                    dq_w += tl.dot(ds.to(kb.dtype), kb, input_precision=PREC)
+                    if NS:
+                        _bias_grad(DRHO, ds, h, NB, c * C - start + HALF, C)
+                    elif (c * C + C - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
+                        _bias_grad(DRHO, ds, h, NB, c * C - start, C)
+                    else:  # CC queries past the source share t' = m - 1: one add per score
+                        tl.atomic_add(DRHO + h * NB + bias_idx, ds, mask=in_win & t_ok[:, None])
+            dq += dq_w * scale
+            store_rows(DQ, dq, q_row0, t, t < n, h, H, D, BD)
+
+    rows = tl.arange(0, BR)
+    db_offs = ((gid * H + h) * R + rows)[:, None].to(tl.int64) * D + dd[None, :]
+    tl.store(DB_PART + db_offs, db_acc, mask=(rows < R)[:, None] & (dd < D)[None, :])
+    tl.store(DMU_PART + gid * H + h, tl.sum(tl.sum(dmu_acc, 1), 0))
+
+
+@triton.jit
+def _dkv_tile(
+    Q, DO, LSE, DELTA, RHO, KVM, kb, vb, j, j_ok, start, t_from, t_to, q_row0, n, kv_row0, m, h, H, NB, scale,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NS: tl.constexpr,
+    HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
+):
+    """The window's contribution of queries start..start+C-1 (those in [t_from, t_to])
+    to dk (unscaled) and dv of keys j."""
+    t = start + tl.arange(0, C)
+    t_ok = (t >= t_from) & (t <= t_to)
+    if QMASK:
+        t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
+    tt = tl.minimum(t, m - 1)
+    q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
+    do = load_rows(DO, q_row0, t, t_ok, h, H, D, BD)
+    lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
+    delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
+    s, _, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)  # [t, j]
+    p = tl.where(in_win & t_ok[:, None], tl.exp2(s - lse[:, None]), 0.0)
+    dv = tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
+    dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
+    ds = p * (dp - delta[:, None])
+    dk = tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+    return dk, dv
+
+
+@triton.jit
+def lavo_dkv_kernel(
+    Q, K, V, DO, LSE, DELTA, RHO, KVM, CHUNKS, DVL, SUF, DK, DV,
+    H, NB, scale,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NQB: tl.constexpr, TAIL: tl.constexpr,
+    NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
+):
+    """One program per (key chunk, head). The queries whose window holds these keys come
+    in NQB blocks from the chunk on; in CC with a target longer than the source, the
+    queries past the source (all anchored at m - 1) come in at most TAIL more."""
+    kid = tl.program_id(0)
+    h = tl.program_id(1)
+    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, kid)
+    dd = tl.arange(0, BD)
+    j = c * C + tl.arange(0, C)
+    j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
+    kb = load_rows(K, kv_row0, j, j_ok, h, H, D, BD)
+    vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD)
+    dk = tl.zeros([C, BD], tl.float32)
+    dv = tl.zeros([C, BD], tl.float32)
+
+    if NS:
+        lo = tl.maximum(c * C - HALF, 0)
+        hi = tl.minimum(c * C + C - 1 + HALF, n - 1)
+    else:
+        lo = c * C
+        hi = tl.minimum(c * C + C - 1 + WINDOW - 1, n - 1)
+    for b in range(NQB):
+        start = lo - lo % C + b * C
+        if start <= hi:
+            dk_b, dv_b = _dkv_tile(
+                Q, DO, LSE, DELTA, RHO, KVM, kb, vb, j, j_ok, start, 0, hi, q_row0, n, kv_row0, m, h, H, NB, scale,
+                D, BD, C, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
+            )
+            dk += dk_b
+            dv += dv_b
+    tail_from = tl.maximum(hi + 1, m)  # queries not seen above, anchored at m - 1
+    if c * C + C - 1 > m - 1 - WINDOW:  # some key of the chunk is in the last window
+        for b in range(TAIL):
+            start = tail_from - tail_from % C + b * C
+            if start < n:
+                dk_b, dv_b = _dkv_tile(
+                    Q, DO, LSE, DELTA, RHO, KVM, kb, vb, j, j_ok, start, tail_from, n - 1, q_row0, n, kv_row0, m, h,
+                    H, NB, scale, D, BD, C, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
+                )
+                dk += dk_b
+                dv += dv_b
+
+    suf = tl.load(SUF + (kid * H + h).to(tl.int64) * D + dd, mask=dd < D, other=0.0)
+    dv += suf[None, :]
+    if not NS:
+        dv += load_rows(DVL, kv_row0, j, j < m, h, H, D, BD)
+    dk = tl.where(j_ok[:, None], dk * scale, 0.0)
+    dv = tl.where(j_ok[:, None], dv, 0.0)
+    store_rows(DK, dk, kv_row0, j, j < m, h, H, D, BD)
+    store_rows(DV, dv, kv_row0, j, j < m, h, H, D, BD)

@@ -1,0 +1,121 @@
+"""Triton pieces shared by the LAVO forward and backward kernels (inlined at compile time).
+
+Layout every kernel sees: q, k, v, o flattened to `[rows, heads, dim]` (contiguous), one
+sequence after another; a chunk table row `(q_row0, n, kv_row0, m, c)` names a sequence
+by its first query row, its query length, its first key row, its key length, and the
+chunk index `c` inside it (chunk `c` covers local positions `c*C .. c*C+C-1`).
+Logits are kept in log2 units (multiplied by LOG2E) so that `exp2` does the softmax;
+the saved log-sum-exp is in the same units.
+
+Patterns: CS and CC share one code path (`NS=False`): query `t` is anchored at
+`t' = min(t, m-1)`, which is `t` itself in self-attention. NS (`NS=True`) uses the
+symmetric window `|t-j| <= HALF` and one memory for the whole sequence.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def load_chunk(CHUNKS, cid):
+    """Chunk-table row `cid` -> (q_row0, n, kv_row0, m, c).
+
+    The row is read as one vector and split by masked sums: this gives true scalars both
+    compiled and under the interpreter (where a scalar load is a 1-element array, which
+    a loop bound cannot use)."""
+    col = tl.arange(0, 8)
+    row = tl.load(CHUNKS + cid * 5 + col, mask=col < 5, other=0)
+    return (
+        tl.sum(tl.where(col == 0, row, 0)), tl.sum(tl.where(col == 1, row, 0)), tl.sum(tl.where(col == 2, row, 0)),
+        tl.sum(tl.where(col == 3, row, 0)), tl.sum(tl.where(col == 4, row, 0)),
+    )
+
+
+@triton.jit
+def load_rows(PTR, row0, pos, ok, h, H, D: tl.constexpr, BD: tl.constexpr):
+    """Rows `row0 + pos` of head `h` of a `[rows, H, D]` tensor -> [len(pos), BD] (0 where not ok)."""
+    dd = tl.arange(0, BD)
+    offs = ((row0 + pos).to(tl.int64) * H + h)[:, None] * D + dd[None, :]
+    return tl.load(PTR + offs, mask=ok[:, None] & (dd < D)[None, :], other=0.0)
+
+
+@triton.jit
+def store_rows(PTR, x, row0, pos, ok, h, H, D: tl.constexpr, BD: tl.constexpr):
+    dd = tl.arange(0, BD)
+    offs = ((row0 + pos).to(tl.int64) * H + h)[:, None] * D + dd[None, :]
+    tl.store(PTR + offs, x.to(PTR.dtype.element_ty), mask=ok[:, None] & (dd < D)[None, :])
+
+
+@triton.jit
+def key_valid(KVM, kv_row0, j, m, HAS_MASK: tl.constexpr):
+    """Key positions `j` that exist and are not padding."""
+    ok = (j >= 0) & (j < m)
+    if HAS_MASK:
+        ok = ok & (tl.load(KVM + kv_row0 + j, mask=ok, other=0) != 0)
+    return ok
+
+
+@triton.jit
+def load_basis(BAS, h, R: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    """The head's basis B [BR, BD] in fp32, zero-padded."""
+    rr = tl.arange(0, BR)
+    dd = tl.arange(0, BD)
+    offs = h * R * D + rr[:, None] * D + dd[None, :]
+    return tl.load(BAS + offs, mask=(rr < R)[:, None] & (dd < D)[None, :], other=0.0)
+
+
+@triton.jit
+def memory_mean(
+    V, KVM, CNT, PRE, cid, h, H, t, tt, t_ok, kv_row0, m,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr, PREC: tl.constexpr,
+):
+    """Mean of the values in each query's memory set, vbar [C, BD] fp32, and its count [C].
+
+    `PRE` holds, per query chunk and head, the fp32 sum of the values the chunk's
+    queries all share: the keys before the chunk (causal) or all keys (NS). Causal
+    queries add the keys of their own chunk up to `t'` with a lower-triangular product.
+    A query with an empty memory set gets vbar = 0.
+    """
+    dd = tl.arange(0, BD)
+    pre = tl.load(PRE + (cid * H + h).to(tl.int64) * D + dd, mask=dd < D, other=0.0)
+    if NS:
+        if HAS_MASK:
+            cnt = tl.load(CNT + kv_row0 + m - 1) + tl.zeros([C], tl.float32)
+        else:
+            cnt = m.to(tl.float32) + tl.zeros([C], tl.float32)
+        csum = pre[None, :] + tl.zeros([C, BD], tl.float32)
+    else:
+        # the chunk's own keys sit at the same local positions as its queries, j = t
+        j_ok = key_valid(KVM, kv_row0, t, m, HAS_MASK)
+        vb = load_rows(V, kv_row0, t, j_ok, h, H, D, BD).to(tl.float32)
+        # lower[t, j] = 1 where key j is in query t's causal set (j <= t'; keys j >= m are 0)
+        lower = (t[None, :] <= t[:, None]).to(tl.float32)
+        csum = pre[None, :] + tl.dot(lower, vb, input_precision=PREC)
+        if HAS_MASK:
+            cnt = tl.load(CNT + kv_row0 + tt, mask=t_ok, other=0.0)
+        else:
+            cnt = (tt + 1).to(tl.float32)
+    vbar = tl.where(cnt[:, None] > 0, csum / tl.maximum(cnt, 1.0)[:, None], 0.0)
+    return vbar, cnt
+
+
+@triton.jit
+def window_logits(
+    q, kb, RHO, h, NB, t, tt, j, j_ok, scale, window,
+    NS: tl.constexpr, HALF: tl.constexpr, PREC: tl.constexpr,
+):
+    """Window logits of queries t [C] against keys j [C], log2 units, -inf outside the window.
+
+    Returns (logits [C, C], the bias index t'-j (or t-j+HALF), in-window mask)."""
+    s = tl.dot(q, tl.trans(kb), input_precision=PREC)
+    if NS:
+        delta = t[:, None] - j[None, :] + HALF
+        ok = (delta >= 0) & (delta <= 2 * HALF) & j_ok[None, :]
+    else:
+        delta = tt[:, None] - j[None, :]
+        ok = (delta >= 0) & (delta < window) & j_ok[None, :]
+    bias = tl.load(RHO + h * NB + delta, mask=ok, other=0.0)
+    s = tl.where(ok, (s * scale + bias) * 1.4426950408889634, float("-inf"))
+    return s, delta, ok

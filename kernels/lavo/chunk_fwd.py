@@ -1,0 +1,87 @@
+"""LAVO forward kernels: per-chunk value sums, then window + memory in one online softmax.
+
+One program per (query chunk, head). Loops run a compile-time number of times (NKB key
+blocks, enough for any chunk's window) and skip what lies outside; loop bounds computed
+at run time would not run under Triton's interpreter with numpy 2. The memory logits come first (they are finite
+for every query, so the running maximum never stays -inf), then the window key blocks
+in order; scores never leave the chip. See chunk_common.py for the layout.
+"""
+
+import triton
+import triton.language as tl
+
+from .chunk_common import key_valid, load_basis, load_chunk, load_rows, memory_mean, store_rows, window_logits
+
+
+@triton.jit
+def chunk_value_sums_kernel(
+    V, KVM, SUMS, CHUNKS, H,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, HAS_MASK: tl.constexpr,
+):
+    """SUMS[chunk, h] = fp32 sum of the valid values of a key chunk."""
+    cid = tl.program_id(0)
+    h = tl.program_id(1)
+    _, _, kv_row0, m, c = load_chunk(CHUNKS, cid)
+    j = c * C + tl.arange(0, C)
+    j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
+    vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD).to(tl.float32)
+    dd = tl.arange(0, BD)
+    tl.store(SUMS + (cid * H + h).to(tl.int64) * D + dd, tl.sum(vb, 0), mask=dd < D)
+
+
+@triton.jit
+def lavo_fwd_kernel(
+    Q, K, V, BAS, RHO, MU, PRE, CNT, KVM, O, LSE, CHUNKS,
+    H, NB, scale,
+    D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, C: tl.constexpr,
+    WINDOW: tl.constexpr, NKB: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr,
+    QMASK: tl.constexpr, PREC: tl.constexpr,
+):
+    cid = tl.program_id(0)
+    h = tl.program_id(1)
+    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
+    t = c * C + tl.arange(0, C)
+    t_ok = t < n
+    tt = tl.minimum(t, m - 1)
+    q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
+
+    # memory: r slots h_i b_i with logits scale * h_i (B q)_i + mu
+    basis = load_basis(BAS, h, R, D, BR, BD)  # [BR, BD]
+    rr = tl.arange(0, BR)
+    vbar, _ = memory_mean(V, KVM, CNT, PRE, cid, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, NS, HAS_MASK, PREC)
+    g = tl.dot(q.to(tl.float32), tl.trans(basis), input_precision=PREC)  # [C, BR]
+    hm = tl.dot(vbar, tl.trans(basis), input_precision=PREC)  # [C, BR]
+    e = (scale * hm * g + tl.load(MU + h)) * 1.4426950408889634
+    e = tl.where((rr < R)[None, :], e, float("-inf"))
+    m_i = tl.max(e, 1)
+    pm = tl.exp2(e - m_i[:, None])
+    l_i = tl.sum(pm, 1)
+    acc = tl.dot(pm * hm, basis, input_precision=PREC)  # [C, BD]
+
+    # window: key blocks covering [lo, hi]
+    if NS:
+        lo = tl.maximum(c * C - HALF, 0)
+        hi = tl.minimum(c * C + C - 1 + HALF, m - 1)
+    else:
+        lo = tl.maximum(tl.minimum(c * C, m - 1) - WINDOW + 1, 0)
+        hi = tl.minimum(c * C + C - 1, m - 1)
+    for b in range(NKB):  # a fixed trip count; blocks past `hi` are skipped
+        start = lo - lo % C + b * C
+        if start <= hi:
+            j = start + tl.arange(0, C)
+            j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
+            kb = load_rows(K, kv_row0, j, j_ok, h, H, D, BD)
+            vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD)
+            s, _, _ = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PREC)
+            m_i = m_new
+
+    o = acc / l_i[:, None]
+    if QMASK:  # self-attention with padding: a padded query outputs 0
+        o = tl.where(key_valid(KVM, kv_row0, t, m, True)[:, None], o, 0.0)
+    store_rows(O, o, q_row0, t, t_ok, h, H, D, BD)
+    tl.store(LSE + (q_row0 + t).to(tl.int64) * H + h, m_i + tl.log2(l_i), mask=t_ok)

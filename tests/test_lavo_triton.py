@@ -1,0 +1,127 @@
+"""LAVO Triton kernels (kernels/lavo/chunk*.py) against the float64 token-loop reference.
+
+On a CPU the kernels run under Triton's interpreter (conftest sets TRITON_INTERPRET=1), so
+the shapes are tiny. Most cases use chunks of 16 positions so that a few dozen tokens
+already span several chunks: the cross-chunk prefix sums (forward), suffix sums
+(backward), multi-block windows and the grouping of query chunks in the dq kernel are all
+exercised. Tolerance (design ATTENTION.md section 4): fp32 inputs, max abs error <= 1e-4
+of the reference tensor's max abs, for the output and every gradient.
+"""
+
+import pytest
+import torch
+
+from lavo_tasks.kernels import lavo_attn
+from lavo_tasks.kernels.lavo.chunk import DQ_GROUP, chunk_lavo_attn, lavo_chunked
+from lavo_tasks.kernels.lavo.reference import reference_lavo_attn
+
+GRAD_NAMES = ("q", "k", "v", "basis", "rel_bias", "mem_bias")
+
+
+def make_inputs(batch, n, m, heads, dim, rank, window, causal, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, n, heads, dim, generator=g)
+    k = torch.randn(batch, m, heads, dim, generator=g)
+    v = torch.randn(batch, m, heads, dim, generator=g)
+    basis = torch.linalg.qr(torch.randn(heads, dim, rank, generator=g, dtype=torch.float64))[0].transpose(1, 2)
+    rel_bias = 0.5 * torch.randn(heads, window if causal else window + 1, generator=g)
+    mem_bias = 0.5 * torch.randn(heads, generator=g)
+    return [q, k, v, basis.float().contiguous(), rel_bias, mem_bias]
+
+
+def random_mask(batch, m, seed, keep_first):
+    g = torch.Generator().manual_seed(seed + 1)
+    mask = torch.rand(batch, m, generator=g) > 0.3
+    if keep_first:
+        mask[:, 0] = True
+    return mask
+
+
+def check_against_reference(run, inputs, **options):
+    """Run `run` (a Triton entry) and the reference on the same inputs and one random
+    output gradient; compare the output and the six gradients."""
+    ours = [x.clone().requires_grad_() for x in inputs]
+    ref = [x.clone().double().requires_grad_() for x in inputs]
+    out = run(*ours, **options)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(99))
+    out.backward(grad_out)
+    ref_out = reference_lavo_attn(*ref, **options)
+    ref_out.backward(grad_out.double())
+    pairs = [("output", out, ref_out)] + [(f"d{name}", a.grad, b.grad) for name, a, b in zip(GRAD_NAMES, ours, ref)]
+    for name, got, want in pairs:
+        assert got is not None and torch.isfinite(got).all(), name
+        assert want.abs().max() > 0, f"{name}: the reference is all zeros, the case tests nothing"
+        err = (got.double() - want).abs().max() / want.abs().max()
+        assert err <= 1e-4, f"{name}: relative max error {err:.2e}"
+
+
+def small_chunks(*args, **options):
+    return lavo_chunked(*args, chunk=16, **options)
+
+
+def options(window, causal=True, cross=False, kv_mask=None, cu_seqlens=None):
+    return dict(window=window, causal=causal, cross=cross, segments=1, scale=None, kv_mask=kv_mask, cu_seqlens=cu_seqlens)
+
+
+@pytest.mark.parametrize("n, window", [(40, 6), (37, 20), (33, 1)])
+def test_causal_self_several_chunks(n, window):
+    inputs = make_inputs(1, n, n, 2, 8, 4, window, True, seed=n)
+    check_against_reference(small_chunks, inputs, **options(window))
+
+
+def test_causal_self_padding_many_groups():
+    # 3 sequences of 3 chunks: more query chunks than one dq program takes (DQ_GROUP)
+    batch, n = 3, 37
+    assert batch * 3 > DQ_GROUP
+    inputs = make_inputs(batch, n, n, 2, 16, 16, 20, True, seed=5)
+    mask = random_mask(batch, n, seed=5, keep_first=False)
+    check_against_reference(small_chunks, inputs, **options(20, kv_mask=mask))
+
+
+@pytest.mark.parametrize("n", [9, 12])
+def test_public_entry_odd_sizes(n):
+    # the default chunk (one partial chunk), head dim 8, rank 4
+    inputs = make_inputs(2, n, n, 2, 8, 4, 5, True, seed=n)
+    check_against_reference(chunk_lavo_attn, inputs, **options(5))
+
+
+def test_lavo_attn_dispatches_to_triton():
+    inputs = make_inputs(1, 12, 12, 2, 8, 4, 4, True, seed=3)
+    triton_out = lavo_attn(*inputs, window=4, backend="triton")
+    torch_out = lavo_attn(*inputs, window=4, backend="torch")
+    assert (triton_out - torch_out).abs().max() <= 1e-4 * torch_out.abs().max()
+
+
+def test_packed_sequences():
+    inputs = make_inputs(1, 40, 40, 2, 8, 4, 6, True, seed=7)
+    cu_seqlens = torch.tensor([0, 9, 21, 40], dtype=torch.int32)
+    check_against_reference(small_chunks, inputs, **options(6, cu_seqlens=cu_seqlens))
+
+
+def test_packed_sequences_with_padding():
+    inputs = make_inputs(1, 30, 30, 1, 8, 4, 4, True, seed=8)
+    mask = random_mask(1, 30, seed=8, keep_first=True)
+    cu_seqlens = torch.tensor([0, 17, 30], dtype=torch.int64)
+    check_against_reference(small_chunks, inputs, **options(4, kv_mask=mask, cu_seqlens=cu_seqlens))
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_noncausal_self(masked):
+    n = 40
+    inputs = make_inputs(1, n, n, 2, 8, 4, 8, False, seed=11)
+    mask = random_mask(1, n, seed=11, keep_first=False) if masked else None
+    check_against_reference(small_chunks, inputs, **options(8, causal=False, kv_mask=mask))
+
+
+@pytest.mark.parametrize("n, m, masked", [(45, 30, False), (20, 45, True), (70, 9, False)])
+def test_causal_cross(n, m, masked):
+    # target longer than the source: queries past it are anchored at the last position
+    inputs = make_inputs(1, n, m, 2, 8, 4, 6, True, seed=n + m)
+    mask = random_mask(1, m, seed=n, keep_first=False) if masked else None
+    check_against_reference(small_chunks, inputs, **options(6, cross=True, kv_mask=mask))
+
+
+def test_noncausal_cross_is_refused_by_name():
+    inputs = make_inputs(1, 8, 8, 1, 8, 4, 4, False, seed=0)
+    with pytest.raises(NotImplementedError, match="NC"):
+        chunk_lavo_attn(*inputs, window=4, causal=False, cross=True)
