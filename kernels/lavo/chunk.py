@@ -13,6 +13,7 @@ Patterns: CS, CC and NS. NC (memory only, with segments) is not done in Triton a
 raises NotImplementedError.
 """
 
+import functools
 import math
 
 import torch
@@ -23,6 +24,7 @@ from .chunk_fwd import chunk_value_sums_kernel, lavo_fwd_kernel
 
 CHUNK = 64  # positions per chunk: query block = key block = memory chunk
 DQ_GROUP = 8  # query chunks per program of the dq kernel (one dB partial sum each)
+NUM_WARPS = {"fwd": 4, "dq": 8, "dkv": 4}  # per kernel; kernels/lavo/gpu_profile.py times others
 
 
 def chunk_lavo_attn(
@@ -83,6 +85,12 @@ class _Layout:
         self.seq_kv_bounds = [(k0, k0 + ms) for _, _, k0, ms in seqs]
 
 
+@functools.lru_cache(maxsize=64)
+def _batched_layout(batch, n, m, chunk, noncausal, device):
+    """The layout of equal-length sequences, built once per shape (host work off the hot path)."""
+    return _Layout(batch, n, m, None, chunk, noncausal, device)
+
+
 def _range_sums(totals, hi, lo):
     """Sums of totals[lo:hi] (chunk axis 0) for each index pair, through a float64 prefix sum."""
     prefix = torch.cat([totals.new_zeros(1, *totals.shape[1:]), totals.double().cumsum(0)])
@@ -118,7 +126,10 @@ class _LavoChunkFn(torch.autograd.Function):
         m = k.shape[1]
         noncausal = not causal
         rank = basis.shape[1]
-        layout = _Layout(batch, n, m, cu_seqlens, chunk, noncausal, q.device)
+        if cu_seqlens is None:
+            layout = _batched_layout(batch, n, m, chunk, noncausal, q.device)
+        else:
+            layout = _Layout(batch, n, m, cu_seqlens, chunk, noncausal, q.device)
         qf, kf, vf = (x.contiguous().view(-1, heads, d) for x in (q, k, v))  # [rows, H, d]
         bas = basis.detach().float().contiguous()
         rho = rel_bias.detach().float().contiguous()
@@ -137,7 +148,7 @@ class _LavoChunkFn(torch.autograd.Function):
         br = max(16, triton.next_power_of_2(rank))
         lavo_fwd_kernel[(len(layout.qchunks), heads)](
             qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, layout.qchunks,
-            heads, rho.shape[1], scale, R=rank, BR=br, num_warps=4, **meta,
+            heads, rho.shape[1], scale, R=rank, BR=br, num_warps=NUM_WARPS["fwd"], **meta,
         )
         ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm)
         ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, br, scale, window)
@@ -162,7 +173,7 @@ class _LavoChunkFn(torch.autograd.Function):
         lavo_dq_kernel[(groups, heads)](
             qf, kf, vf, o, dof, lse, bas, rho, mu, pre, cnt, kvm, layout.qchunks,
             dq, delta, drho, db_part, dmu_part, dvl, wsum,
-            heads, rho.shape[1], nq, scale, R=rank, BR=br, GROUP=DQ_GROUP, num_warps=8, **meta,
+            heads, rho.shape[1], nq, scale, R=rank, BR=br, GROUP=DQ_GROUP, num_warps=NUM_WARPS["dq"], **meta,
         )
         suf = _range_sums(wsum, layout.suf_hi, layout.suf_lo)  # [key chunks, H, d]
         # CC, target longer than the source: query blocks past the source (a power of 2,
@@ -172,7 +183,7 @@ class _LavoChunkFn(torch.autograd.Function):
         dv = torch.empty_like(vf)
         lavo_dkv_kernel[(nk, heads)](
             qf, kf, vf, dof, lse, delta, rho, kvm, layout.kchunks, dvl, suf, dk, dv,
-            heads, rho.shape[1], scale, NQB=meta["NKB"], TAIL=tail, num_warps=4,
+            heads, rho.shape[1], scale, NQB=meta["NKB"], TAIL=tail, num_warps=NUM_WARPS["dkv"],
             **{x: meta[x] for x in _DKV_META},
         )
         basis_dtype, rho_dtype, mu_dtype, mu_shape = ctx.param_dtypes
