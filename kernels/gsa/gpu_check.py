@@ -1,0 +1,137 @@
+"""Time the GSA Triton kernels on a GPU beside the peer (fla's `chunk_gsa`) and SDPA.
+
+    python -m lavo_tasks.kernels.gsa.gpu_check [--out DIR] [--lengths 1024,2048,...]
+
+Protocol of PERFORMANCE.md: bf16, H=16, head dim 64, 64 slots, 65,536 tokens per step
+(B = 65536 / T), medians of `triton.testing.do_bench`, forward and forward+backward
+(sum of outputs, backward), peak memory of forward+backward; B=1, T=128K; decode latency
+with batch 8. Writes JSON lines to DIR/gsa_timing.jsonl and a per-kernel breakdown
+(torch.profiler) of one fwd+bwd at the shortest and longest T; prints a table last.
+The benchmark of record is `lavo_tasks.bench` (the lead's); this is the kernel author's check.
+"""
+
+import argparse
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+from lavo_tasks.kernels import gsa_attn, gsa_decode_step
+
+HEADS, DIM, SLOTS, TOKENS = 16, 64, 64, 65536
+
+
+def _inputs(batch, length, device="cuda"):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, length, HEADS, DIM, device=device, dtype=torch.bfloat16) for _ in range(3))
+    la = (F.logsigmoid(torch.randn(batch, length, HEADS, SLOTS, device=device)) / 8).to(torch.bfloat16)
+    return [x.requires_grad_() for x in (q, k, v, la)]
+
+
+def _ours(q, k, v, la):
+    return gsa_attn(q, k, v, la, backend="triton")[0]
+
+
+def _fla(q, k, v, la):
+    from fla.ops.gsa import chunk_gsa
+
+    return chunk_gsa(q, k, v, (1 - la.float().exp()).to(la.dtype), la)[0]
+
+
+def _sdpa(q, k, v, la):
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          is_causal=True).transpose(1, 2)
+
+
+def _measure(fn, xs):
+    fwd = do_bench(lambda: fn(*xs), warmup=25, rep=100, return_mode="median")
+
+    def step():
+        fn(*xs).sum().backward()
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2**20
+    both = do_bench(step, warmup=25, rep=100, return_mode="median", grad_to_none=xs)
+    return fwd, both, peak
+
+
+def _breakdown(fn, xs, label, out_dir):
+    """Per-kernel CUDA times of one fwd+bwd (after a warm-up), to a text file."""
+    fn(*xs).sum().backward()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn(*xs).sum().backward()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)
+    with open(os.path.join(out_dir, f"profile_{label}.txt"), "w") as f:
+        f.write(table)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768,65536")
+    args = parser.parse_args()
+    try:
+        import fla.ops.gsa  # noqa: F401
+
+        impls = {"gsa": _ours, "fla_chunk_gsa": _fla, "sdpa": _sdpa}
+    except ImportError:
+        impls = {"gsa": _ours, "sdpa": _sdpa}
+    rows = []
+    log = open(os.path.join(args.out, "gsa_timing.jsonl"), "w")
+    lengths = [int(x) for x in args.lengths.split(",")]
+    for length in lengths:
+        xs = _inputs(TOKENS // length, length)
+        for name, fn in impls.items():
+            fwd, both, peak = _measure(fn, xs)
+            row = dict(impl=name, T=length, B=TOKENS // length, fwd_ms=fwd, fwdbwd_ms=both, peak_mib=peak)
+            rows.append(row)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            print(json.dumps(row), flush=True)
+        if length in (lengths[0], lengths[-1]):
+            _breakdown(_ours, xs, f"gsa_T{length}", args.out)
+            if "fla_chunk_gsa" in impls:
+                _breakdown(_fla, xs, f"fla_T{length}", args.out)
+        del xs
+    # one sequence of 128K
+    xs = _inputs(1, 131072)
+    fwd, both, peak = _measure(_ours, xs)
+    row = dict(impl="gsa", T=131072, B=1, fwd_ms=fwd, fwdbwd_ms=both, peak_mib=peak)
+    rows.append(row)
+    log.write(json.dumps(row) + "\n")
+    del xs
+    # decode: batch 8, one token against a constant-size state (any context length)
+    batch = 8
+    q, k, v = (torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    la = (F.logsigmoid(torch.randn(batch, HEADS, SLOTS, device="cuda")) / 8).to(torch.bfloat16)
+    state = (torch.randn(batch, HEADS, SLOTS, DIM, device="cuda"), torch.randn(batch, HEADS, SLOTS, DIM, device="cuda"))
+    dec = do_bench(lambda: gsa_decode_step(q, k, v, la, state, backend="triton"), warmup=25, rep=100,
+                   return_mode="median")
+    row = dict(impl="gsa_decode_step", B=batch, ms_per_token=dec,
+               state_mib=sum(s.numel() * 4 for s in state) / 2**20)
+    log.write(json.dumps(row) + "\n")
+    log.close()
+
+    print(f"\n{torch.cuda.get_device_name()}  bf16 H={HEADS} d={DIM} M={SLOTS}  fwd / fwd+bwd ms (peak MiB)")
+    names = list(impls)
+    print("T".rjust(7) + "".join(n.rjust(30) for n in names))
+    for length in lengths:
+        cells = []
+        for name in names:
+            r = next(x for x in rows if x["impl"] == name and x["T"] == length)
+            cells.append(f"{r['fwd_ms']:.2f} / {r['fwdbwd_ms']:.2f} ({r['peak_mib']:.0f})".rjust(30))
+        print(str(length).rjust(7) + "".join(cells))
+    r = rows[-1]
+    print(f"gsa B=1 T=128K: {r['fwd_ms']:.2f} / {r['fwdbwd_ms']:.2f} ms ({r['peak_mib']:.0f} MiB)")
+    print(f"gsa decode step, batch 8: {dec * 1000:.1f} us per token")
+
+
+if __name__ == "__main__":
+    main()
