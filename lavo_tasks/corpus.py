@@ -1,0 +1,85 @@
+"""The embedded default text: English prose every Python installation carries.
+
+The documents are the docstrings of the standard library's own modules (module, class
+and function docstrings, read with `ast`, so nothing is imported or executed). Nothing
+is stored in the repository: the corpus is gathered at run time (about 3 s, under 2 MB)
+in a fixed order, and each module goes to train, validation or test by a hash of its
+path, so the split is the same on every run and does not shift when a module is added.
+"""
+
+import ast
+import functools
+import sysconfig
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+SPLITS = ("train", "validation", "test")
+
+# Folders of the standard library that hold tests, test data or third-party code.
+_SKIPPED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages"}
+_MIN_WORDS = 5  # docstrings shorter than this are mostly "Return x." noise
+_PERCENT_VALIDATION, _PERCENT_TEST = 5, 5
+
+
+@dataclass(frozen=True)
+class ModuleDocs:
+    """One standard-library module: its path relative to the stdlib root (e.g.
+    `json/decoder.py`) and its docstrings in source order, module docstring first."""
+
+    name: str
+    docstrings: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        """The module as one document: its docstrings separated by blank lines."""
+        return "\n\n".join(self.docstrings)
+
+
+def _docstrings(source: bytes) -> list[str]:
+    tree = ast.parse(source)
+    found = []
+    for node in ast.walk(tree):  # breadth-first from the module: a fixed order
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=True)
+            if doc and len(doc.split()) >= _MIN_WORDS:
+                found.append(doc)
+    return found
+
+
+@functools.cache
+def stdlib_modules() -> tuple[ModuleDocs, ...]:
+    """Every standard-library module with at least one docstring, sorted by path."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    modules = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        if _SKIPPED_DIRS.intersection(relative.parts[:-1]):
+            continue
+        try:
+            docs = _docstrings(path.read_bytes())
+        except (SyntaxError, ValueError):  # a few files are templates or Python 2 samples
+            continue
+        if docs:
+            modules.append(ModuleDocs(relative.as_posix(), tuple(docs)))
+    if not modules:
+        raise RuntimeError(f"no docstrings found under the standard library at {root}")
+    return tuple(modules)
+
+
+def split_of(name: str) -> str:
+    """train / validation / test for a module path: a fixed hash, about 90 / 5 / 5 %."""
+    bucket = zlib.crc32(name.encode()) % 100
+    if bucket < _PERCENT_VALIDATION:
+        return "validation"
+    if bucket < _PERCENT_VALIDATION + _PERCENT_TEST:
+        return "test"
+    return "train"
+
+
+def stdlib_splits() -> dict[str, list[ModuleDocs]]:
+    """The standard-library modules grouped by split, each list sorted by path."""
+    splits: dict[str, list[ModuleDocs]] = {name: [] for name in SPLITS}
+    for module in stdlib_modules():
+        splits[split_of(module.name)].append(module)
+    return splits
