@@ -152,6 +152,16 @@ def test_torch_path_bfloat16_relative_rms():
     assert rms <= 5e-3, rms
 
 
+def test_torch_path_ignores_autocast():
+    """Computed in float32 even inside a bf16 autocast region (the design's fp32 accumulation)."""
+    inputs = [t.detach() for t in make_inputs("CS", 12, 12, window=4, dtype=torch.float32, seed=6)]
+    plain = lavo_attn(*inputs, window=4, backend="torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = lavo_attn(*inputs, window=4, backend="torch")
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed, plain, rtol=1e-6, atol=1e-6)
+
+
 def test_padding_never_contributes_and_padded_queries_are_zero():
     q, k, v, basis, rel_bias, mem_bias = (None if t is None else t.detach() for t in make_inputs("CS", 9, 9, window=3))
     mask = random_mask(2, 9)

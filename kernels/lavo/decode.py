@@ -54,7 +54,8 @@ def lavo_decode_step(q, k, v, basis, rel_bias, mem_bias, state, *, window, scale
         from .recurrent import recurrent_lavo_step
 
         return recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, window=window, scale=scale)
-    return _torch_step(q, k, v, basis, rel_bias, mem_bias, state, window, scale)
+    with torch.autocast(q.device.type, enabled=False):  # float32 matmuls whatever the caller's autocast
+        return _torch_step(q, k, v, basis, rel_bias, mem_bias, state, window, scale)
 
 
 def _torch_step(q, k, v, basis, rel_bias, mem_bias, state, window, scale):
@@ -124,6 +125,11 @@ class LavoSource:
 
 def lavo_source(k, v, basis, *, causal, segments=1, kv_mask=None) -> LavoSource:
     """Prepare the source k, v [B, m, H, d] (kv_mask [B, m]) once: O(m r) memory sums."""
+    with torch.autocast(k.device.type, enabled=False):  # float32 whatever the caller's autocast
+        return _source(k, v, basis, causal, segments, kv_mask)
+
+
+def _source(k, v, basis, causal, segments, kv_mask):
     cdt = compute_dtype(k, v, basis)
     keys, values = (x.transpose(1, 2).to(cdt) for x in (k, v))  # [B, H, m, d]
     valid = torch.ones(k.shape[:2], dtype=cdt, device=k.device) if kv_mask is None else kv_mask.to(cdt)
@@ -139,6 +145,11 @@ def lavo_cross_decode(q, source: LavoSource, basis, rel_bias, mem_bias, *, windo
     CC: query p uses the window ending at p' = min(p, m-1) and the memory of j <= p'
     (cost O(t (w + r) d)); NC: the segment memories only (O(t S r d)). PyTorch ops only.
     """
+    with torch.autocast(q.device.type, enabled=False):  # float32 whatever the caller's autocast
+        return _cross_decode(q, source, basis, rel_bias, mem_bias, window, start, scale)
+
+
+def _cross_decode(q, source, basis, rel_bias, mem_bias, window, start, scale):
     batch, steps, heads, dim = q.shape
     cdt = source.means.dtype
     scale = dim**-0.5 if scale is None else scale

@@ -17,9 +17,15 @@ import torch.nn.functional as F
 
 
 def torch_lavo_attn(q, k, v, basis, rel_bias, mem_bias, *, window, causal, cross, segments, scale, kv_mask, cu_seqlens):
-    """`lavo_attn` on the PyTorch path (same arguments, without `backend`)."""
-    if cu_seqlens is not None:
-        return _packed(q, k, v, basis, rel_bias, mem_bias, window, causal, segments, scale, kv_mask, cu_seqlens)
+    """`lavo_attn` on the PyTorch path (same arguments, without `backend`). Autocast is
+    switched off inside: the matmuls too run in float32, whatever the caller's autocast."""
+    with torch.autocast(q.device.type, enabled=False):
+        if cu_seqlens is not None:
+            return _packed(q, k, v, basis, rel_bias, mem_bias, window, causal, segments, scale, kv_mask, cu_seqlens)
+        return _unpacked(q, k, v, basis, rel_bias, mem_bias, window, causal, cross, segments, scale, kv_mask)
+
+
+def _unpacked(q, k, v, basis, rel_bias, mem_bias, window, causal, cross, segments, scale, kv_mask):
     batch, n, heads, dim = q.shape
     m = k.shape[1]
     out_dtype = q.dtype
@@ -164,8 +170,5 @@ def _packed(q, k, v, basis, rel_bias, mem_bias, window, causal, segments, scale,
     inside = steps[None, :] < lengths[:, None]  # [N, max_len]
     index = (offsets[:-1, None] + steps[None, :]).clamp(max=q.shape[1] - 1)  # [N, max_len]
     mask = inside if kv_mask is None else inside & kv_mask[0, index]
-    o = torch_lavo_attn(
-        q[0, index], k[0, index], v[0, index], basis, rel_bias, mem_bias, window=window, causal=causal, cross=False,
-        segments=segments, scale=scale, kv_mask=mask, cu_seqlens=None,
-    )
+    o = _unpacked(q[0, index], k[0, index], v[0, index], basis, rel_bias, mem_bias, window, causal, False, segments, scale, mask)
     return o[inside].unsqueeze(0)  # sequences in order, each without its padding
