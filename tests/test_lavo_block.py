@@ -106,8 +106,9 @@ def test_block_equals_reference_on_its_projections(pattern, segments):
 
 
 @pytest.mark.parametrize("pattern,segments", [("CS", 1), ("CC", 1), ("NC", 2)])
-@pytest.mark.parametrize("source_len", [5, 13])
-def test_block_decode_equals_full_forward(pattern, segments, source_len):
+@pytest.mark.parametrize("source_len,sizes", [(5, (1, 4, 1, 1, 3)), (13, (6, 1, 3))])
+def test_block_decode_equals_full_forward(pattern, segments, source_len, sizes):
+    """Token by token and in uneven chunks (a first chunk > 1 is a CS prompt prefill)."""
     causal, cross = PATTERNS[pattern]
     block = make_block(pattern, cross_segments=segments)
     g = torch.Generator().manual_seed(2)
@@ -120,7 +121,7 @@ def test_block_decode_equals_full_forward(pattern, segments, source_len):
         full, _ = block(x, context=context, context_mask=context_mask)
         state = block.init_state(2, context=context, context_mask=context_mask)
         pieces, start = [], 0
-        for size in (1, 4, 1, 1, 3):
+        for size in sizes:
             y, state = block(x[:, start : start + size], context=context, state=state)
             pieces.append(y)
             start += size

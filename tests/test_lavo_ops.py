@@ -6,7 +6,14 @@ import math
 import pytest
 import torch
 
-from lavo_tasks.kernels.lavo import LavoDecodeState, lavo_attn, lavo_cross_decode, lavo_decode_step, lavo_source
+from lavo_tasks.kernels.lavo import (
+    LavoDecodeState,
+    lavo_attn,
+    lavo_cross_decode,
+    lavo_decode_step,
+    lavo_prefill,
+    lavo_source,
+)
 from lavo_tasks.kernels.lavo.reference import reference_lavo_attn
 
 PATTERNS = {"CS": (True, False), "NS": (False, False), "CC": (True, True), "NC": (False, True)}
@@ -231,6 +238,20 @@ def test_decode_steps_equal_full_forward(window):
         steps.append(o)
         assert state.count == t + 1 and state.keys.shape == (2, 2, window - 1, 8)  # constant size
     torch.testing.assert_close(torch.stack(steps, dim=1), full, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("window,prompt", [(1, 4), (4, 2), (4, 7)])
+def test_prefill_then_steps_equal_full_forward(window, prompt):
+    q, k, v, basis, rel_bias, mem_bias = (t.detach() for t in make_inputs("CS", 11, 11, window=window))
+    full = reference_lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=window)
+    o, state = lavo_prefill(
+        q[:, :prompt], k[:, :prompt], v[:, :prompt], basis, rel_bias, mem_bias, window=window, backend="torch"
+    )
+    steps = [o]
+    for t in range(prompt, 11):
+        o, state = lavo_decode_step(q[:, t], k[:, t], v[:, t], basis, rel_bias, mem_bias, state, window=window, backend="torch")
+        steps.append(o[:, None])
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("pattern,m,segments", [("CC", 7, 1), ("CC", 14, 1), ("NC", 9, 3)])

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..backend import resolve_backend
+from .attn import lavo_attn
 from .torch_path import coefficients, compute_dtype, prefix_means, readout, segment_means
 
 
@@ -56,6 +57,25 @@ def lavo_decode_step(q, k, v, basis, rel_bias, mem_bias, state, *, window, scale
         return recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, window=window, scale=scale)
     with torch.autocast(q.device.type, enabled=False):  # float32 matmuls whatever the caller's autocast
         return _torch_step(q, k, v, basis, rel_bias, mem_bias, state, window, scale)
+
+
+def lavo_prefill(q, k, v, basis, rel_bias, mem_bias, *, window, scale=None, backend="auto"):
+    """The first T positions at once: q, k, v [B, T, H, d] -> (o [B, T, H, d], state), o
+    from `lavo_attn` (CS) and `state` the LavoDecodeState after those T positions, as T
+    calls of `lavo_decode_step` from an empty state would leave it."""
+    o = lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=window, scale=scale, backend=backend)
+    batch, steps, heads, dim = k.shape
+    state = LavoDecodeState.empty(batch, heads, dim, basis.shape[1], window, dtype=k.dtype, device=k.device)
+    cdt = state.mem_sum.dtype
+    with torch.autocast(k.device.type, enabled=False):
+        state.mem_sum = coefficients(v.transpose(1, 2).to(cdt), basis.to(cdt)).sum(2)  # [B, H, r]
+    ring = window - 1
+    if ring:
+        positions = torch.arange(max(0, steps - ring), steps, device=k.device)  # the last w-1 positions
+        state.keys[:, :, positions % ring] = k[:, positions].transpose(1, 2)
+        state.values[:, :, positions % ring] = v[:, positions].transpose(1, 2)
+    state.count = steps
+    return o, state
 
 
 def _torch_step(q, k, v, basis, rel_bias, mem_bias, state, window, scale):

@@ -20,7 +20,7 @@ from torch.nn.utils.parametrizations import orthogonal
 from ..errors import ConfigError
 from ..kernels import LavoDecodeState, lavo_attn, lavo_decode_step
 from ..kernels.backend import BACKENDS
-from ..kernels.lavo import LavoSource, lavo_cross_decode, lavo_source
+from ..kernels.lavo import LavoSource, lavo_cross_decode, lavo_prefill, lavo_source
 from .base import AttentionBlock
 from .softmax import check_mask
 
@@ -147,6 +147,10 @@ class LavoAttention(AttentionBlock):
             state.position += q.shape[1]
             return o, state
         k, v = self._keys_values(x)
+        if state.count == 0 and q.shape[1] > 1:  # a prompt: all at once, then the state after it
+            return lavo_prefill(
+                q, k, v, basis, self.rel_bias, self.mem_bias, window=self.window, backend=self.backend
+            )
         outputs = []
         for i in range(q.shape[1]):
             o, state = lavo_decode_step(
