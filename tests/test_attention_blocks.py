@@ -188,6 +188,22 @@ def test_local_matches_reference(pattern, window, length):
     check_against_reference(block, x.detach(), None, None, None, visible)
 
 
+@pytest.mark.parametrize("window", [1, 2, 5, 20])  # 20: more than the sequence
+def test_local_decode_buffer_edges(window):
+    """Decoding keeps only the last window-1 positions; chunks longer than the window."""
+    block = make_block("local", "CS", window=window)
+    x = torch.randn(2, 13, D_MODEL)
+    y_ref = reference_attention(block, x, visible=lambda t, j, m: t - window < j <= t)
+    with torch.no_grad():
+        for sizes in ([1] * 13, [7, 1, 5], [13]):
+            state, outs = block.init_state(2), []
+            for chunk in torch.split(x, sizes, dim=1):
+                out, state = block(chunk, state=state)
+                outs.append(out)
+                assert state.k.shape[2] == window - 1
+            assert_near(torch.cat(outs, dim=1), y_ref)
+
+
 def test_local_config_errors():
     for bad in (0, -2, 2.5):
         with pytest.raises(ConfigError, match=r"attention\.window"):

@@ -30,7 +30,8 @@ def attend(
 ) -> torch.Tensor:
     """Softmax attention of q [B, H, T, d] over k, v [B, H, S, d]; the queries sit at
     positions offset .. offset+T-1. Query p sees key j when key_mask[b, j] (bool [B, S],
-    True = real; None = all real) and, if causal, j <= min(p, S-1)."""
+    True = real; None = all real) and, if causal, j <= p (which for causal cross is the
+    design's j <= min(p, S-1): there is no key past S-1)."""
     T, S = q.shape[2], k.shape[2]
     if key_mask is None and not causal:
         return F.scaled_dot_product_attention(q, k, v)
@@ -38,8 +39,9 @@ def attend(
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     allowed = torch.ones(1, 1, 1, S, dtype=torch.bool, device=q.device)
     if causal:
-        last = torch.arange(offset, offset + T, device=q.device).clamp(max=S - 1)  # last visible key per query
-        allowed = allowed & (torch.arange(S, device=q.device)[None, :] <= last[:, None])  # [1, 1, T, S]
+        # j <= p; a query past the source's end (p >= S, causal cross) thus sees all of it.
+        positions = torch.arange(offset, offset + T, device=q.device)
+        allowed = allowed & (torch.arange(S, device=q.device)[None, :] <= positions[:, None])  # [1, 1, T, S]
     if key_mask is not None:
         allowed = allowed & key_mask[:, None, None, :]  # [B, 1, T or 1, S]
     return masked_attention(q, k, v, allowed)
