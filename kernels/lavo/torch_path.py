@@ -129,7 +129,7 @@ def _local_and_memory(q, k, v, valid, rel_bias, scale, *, lo, hi, h, bq, mu, bas
     logits = logits.masked_fill(~keep, float("-inf"))
 
     padded = n_blocks * block
-    h = F.pad(h, (0, 0, 0, 0, 0, pad)) if h.shape[2] == n else h
+    h = F.pad(h, (0, 0, 0, 0, 0, pad)) if h.shape[2] == n else h  # per-query memories get pad rows; [.., 1, ..] broadcasts
     local_weights, o_mem = readout(logits.view(batch, heads, padded, span), h, F.pad(bq, (0, 0, 0, pad)), mu, basis, scale)
     o_local = local_weights.view(batch, heads, n_blocks, block, span) @ vb  # [B, H, nb, block, d]
     return (o_local.view(batch, heads, padded, dim) + o_mem)[:, :, :n]
@@ -137,7 +137,7 @@ def _local_and_memory(q, k, v, valid, rel_bias, scale, *, lo, hi, h, bq, mu, bas
 
 def _neighbour_blocks(x, block, before, after):
     """x [B, H', nb*block, d] -> [B, H', nb, (before + 1 + after) * block, d]: block i
-    with the `before` blocks ahead of it and the `after` blocks behind it, in order
+    with the `before` blocks preceding it and the `after` blocks following it, in order
     (zeros beyond either end); entry b of block i's span is position (i - before) * block + b."""
     n_blocks = x.shape[2] // block
     padded = F.pad(x, (0, 0, before * block, after * block))
