@@ -14,7 +14,7 @@ float64); outputs come back in q's dtype, states in the computation dtype.
 import torch
 import torch.nn.functional as F
 
-CHUNK = 16  # positions per chunk: the intra-chunk decay tensor is [CHUNK, CHUNK, M] per chunk
+CHUNK = 8  # positions per chunk: the intra-chunk decay tensor is [CHUNK, CHUNK, M] per chunk
 
 
 def read_state(q, state_k, state_v, scale):
@@ -43,6 +43,19 @@ def advance_state(state_k, state_v, k, v, log_alpha):
     new_k = torch.exp(total)[..., None] * state_k + torch.einsum("bhlm,bhld->bhmd", weight, k)
     new_v = torch.exp(total)[..., None] * state_v + torch.einsum("bhlm,bhlv->bhmv", weight, v)
     return new_k, new_v
+
+
+def _carry(state, chunk_decay, chunk_add):
+    """The state entering each chunk [B,H,n,M,d] and the state after the last one.
+
+    chunk_decay [B,H,n,M,1], chunk_add [B,H,n,M,d]. The chunks are unbound once, so the
+    backward does not scatter into a full-size gradient at every step.
+    """
+    entering = []
+    for decay, add in zip(chunk_decay.unbind(2), chunk_add.unbind(2)):
+        entering.append(state)
+        state = decay * state + add
+    return torch.stack(entering, dim=2), state
 
 
 def _causal_scan(q, k, v, log_alpha, state_k, state_v, scale):
@@ -75,23 +88,15 @@ def _causal_scan(q, k, v, log_alpha, state_k, state_v, scale):
     chunk_decay = torch.exp(cum[..., -1, :])[..., None]  # [B,H,n,M,1]
 
     # Pass 1: slot logits = scale * K~_t q_t.
-    states_k = []
-    for c in range(n_chunks):
-        states_k.append(state_k)
-        state_k = chunk_decay[:, :, c] * state_k + chunk_k[:, :, c]
-    before_k = torch.stack(states_k, dim=2)  # state entering each chunk: [B,H,n,M,dk]
+    before_k, state_k = _carry(state_k, chunk_decay, chunk_k)
     scores = q @ k.transpose(-1, -2)  # [B,H,n,C,C]
-    logits = torch.einsum("bhntj,bhntjm->bhntm", scores, decayed_write)
+    logits = (scores[..., None] * decayed_write).sum(-2)
     logits = logits + torch.exp(cum) * torch.einsum("bhnmd,bhntd->bhntm", before_k, q)
     p = torch.softmax(scale * logits, dim=-1)
 
     # Pass 2: o_t = V~_t^T p_t.
-    states_v = []
-    for c in range(n_chunks):
-        states_v.append(state_v)
-        state_v = chunk_decay[:, :, c] * state_v + chunk_v[:, :, c]
-    before_v = torch.stack(states_v, dim=2)  # [B,H,n,M,dv]
-    weights = torch.einsum("bhntm,bhntjm->bhntj", p, decayed_write)
+    before_v, state_v = _carry(state_v, chunk_decay, chunk_v)
+    weights = (p[..., None, :] * decayed_write).sum(-1)
     o = weights @ v + torch.einsum("bhntm,bhnmv->bhntv", p * torch.exp(cum), before_v)
     o = o.reshape(batch, heads, n_chunks * CHUNK, -1)[:, :, :length]
     return o, (state_k, state_v)
