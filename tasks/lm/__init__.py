@@ -1,0 +1,37 @@
+"""Language modeling (`task=lm`): a decoder-only Transformer over a token stream.
+
+Design TASKS.md "Language modeling": PG-19 or plain text files (or the embedded
+standard-library corpus), byte / BPE / given tokenizer, perplexity at the training
+length and at 2x, 4x, 8x, text generated through the attentions' decode states.
+"""
+
+from omegaconf import DictConfig, OmegaConf
+
+from lavo_tasks.errors import ConfigError
+from lavo_tasks.tokenizer import check_tokenizer_keys
+
+from .data import LMDataModule as DataModule
+from .module import LMModule as Module
+
+MIN_SEQ_LEN = 8
+
+
+def check_config(cfg: DictConfig) -> None:
+    """ConfigError naming the first LM key out of range."""
+    rules = [
+        ("data.seq_len", cfg.data.seq_len >= MIN_SEQ_LEN, f">= {MIN_SEQ_LEN}"),
+        ("model.n_layers", cfg.model.n_layers >= 1, ">= 1"),
+        ("model.d_ff", cfg.model.d_ff >= 1, ">= 1"),
+        ("model.dropout", 0 <= cfg.model.dropout < 1, "in [0, 1)"),
+        ("generate.prompt_tokens", cfg.generate.prompt_tokens >= 1, ">= 1"),
+        ("generate.max_new_tokens", cfg.generate.max_new_tokens >= 1, ">= 1"),
+        ("generate.temperature", cfg.generate.temperature >= 0, ">= 0 (0: greedy)"),
+        ("generate.top_k", cfg.generate.top_k >= 0, ">= 0 (0: the whole vocabulary)"),
+    ]
+    for key, ok, allowed in rules:
+        if not ok:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)}: must be {allowed}")
+    check_tokenizer_keys(cfg.data)
+
+
+__all__ = ["DataModule", "Module", "check_config"]

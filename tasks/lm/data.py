@@ -1,0 +1,135 @@
+"""Language-modeling data: text files (or the embedded stdlib corpus) -> token streams -> windows.
+
+Layouts of `data.path` (a folder):
+- PG-19: `train/`, `validation/`, `test/`, each holding UTF-8 `.txt` books (one
+  document per file, read in file-name order);
+- plain: `train.txt`, `valid.txt`, `test.txt` (one document per file, e.g. WikiText).
+`data.path: ""` reads the standard library's docstrings (lavo_tasks.corpus).
+
+Each split is one token stream: its documents encoded and joined, each followed by the
+end-of-document id. Training windows start anywhere (random starts drawn by
+StepBatchSampler, so a resumed run sees the same batches); validation and test read
+non-overlapping blocks. The test split is also read at 2x, 4x and 8x the training
+length, over the same tokens at every length, so the perplexities compare directly.
+"""
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader, Dataset
+
+from lavo_tasks.corpus import SPLITS, stdlib_splits
+from lavo_tasks.data import StepBatchSampler
+from lavo_tasks.errors import DataError
+from lavo_tasks.tokenizer import build_tokenizer
+
+TEST_LENGTH_FACTORS = (1, 2, 4, 8)
+_PLAIN_FILES = {"train": "train.txt", "validation": "valid.txt", "test": "test.txt"}
+
+
+def read_text(file: Path) -> str:
+    try:
+        return file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{file}: not UTF-8 text (invalid byte at offset {err.start}); books must be UTF-8") from None
+
+
+def read_documents(path: Path) -> dict[str, list[str]]:
+    """The documents of each split of a dataset folder in the PG-19 or the plain layout."""
+    if not path.is_dir():
+        raise DataError(f"data.path={path}: must be a folder (PG-19 layout or train.txt/valid.txt/test.txt)")
+    if all((path / split).is_dir() for split in SPLITS):
+        documents = {}
+        for split in SPLITS:
+            books = sorted((path / split).glob("*.txt"))
+            if not books:
+                raise DataError(f"{path / split}: no .txt books in this PG-19 split folder")
+            documents[split] = [read_text(book) for book in books]
+        return documents
+    if all((path / name).is_file() for name in _PLAIN_FILES.values()):
+        return {split: [read_text(path / name)] for split, name in _PLAIN_FILES.items()}
+    found = ", ".join(sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())[:10]) or "nothing"
+    raise DataError(
+        f"data.path={path}: expected folders train/ validation/ test/ of .txt books (PG-19) "
+        f"or files train.txt valid.txt test.txt; found: {found}"
+    )
+
+
+def token_stream(tokenizer, documents: list[str]) -> torch.Tensor:
+    """[N] int32: every document's ids followed by the end-of-document id."""
+    ids: list[int] = []
+    for doc in documents:
+        ids += tokenizer.encode(doc)
+        ids.append(tokenizer.eos_id)
+    return torch.tensor(ids, dtype=torch.int32)
+
+
+class TokenWindows(Dataset):
+    """Windows of `length + 1` tokens (inputs = [:-1], targets = [1:]) starting every
+    `stride` tokens: stride 1 for training's random starts, `length` for test blocks."""
+
+    def __init__(self, tokens: torch.Tensor, length: int, stride: int):
+        self.tokens, self.length, self.stride = tokens, length, stride
+        self.n = max((len(tokens) - length - 1) // stride + 1, 0)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        start = i * self.stride
+        return self.tokens[start : start + self.length + 1].long()
+
+
+class LMDataModule(L.LightningDataModule):
+    def __init__(self, cfg: DictConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tokenizer = None
+        self.streams: dict[str, torch.Tensor] = {}
+
+    def setup(self, stage: str) -> None:
+        """Read, tokenize (training the BPE if asked) and check every split, once."""
+        if self.tokenizer is not None:
+            return
+        data = self.cfg.data
+        if data.path:
+            documents = read_documents(Path(data.path))
+            source = data.path
+        else:
+            documents = {split: [m.text for m in modules] for split, modules in stdlib_splits().items()}
+            source = "the standard-library corpus"
+        self.tokenizer = build_tokenizer(data, documents["train"], Path(self.cfg.run.dir))
+        self.streams = {split: token_stream(self.tokenizer, docs) for split, docs in documents.items()}
+
+        need = {"train": data.seq_len + 1, "validation": data.seq_len + 1, "test": max(TEST_LENGTH_FACTORS) * data.seq_len + 1}
+        for split, n in need.items():
+            if len(self.streams[split]) < n:
+                raise DataError(
+                    f"{source}: the {split} split has {len(self.streams[split])} tokens; data.seq_len="
+                    f"{data.seq_len} needs at least {n} (test is also read at {max(TEST_LENGTH_FACTORS)}x seq_len)"
+                )
+        # the same test tokens at every length: a whole number of the longest blocks
+        longest = max(TEST_LENGTH_FACTORS) * data.seq_len
+        test = self.streams["test"]
+        self.streams["test"] = test[: (len(test) - 1) // longest * longest + 1]
+
+    def train_dataloader(self) -> DataLoader:
+        windows = TokenWindows(self.streams["train"], self.cfg.data.seq_len, stride=1)
+        start_step = self.trainer.global_step if self.trainer is not None else 0
+        sampler = StepBatchSampler(len(windows), self.cfg.data.batch_size, self.cfg.seed, start_step=start_step)
+        return DataLoader(windows, batch_sampler=sampler, num_workers=self.cfg.data.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._blocks("validation", self.cfg.data.seq_len, self.cfg.data.batch_size)
+
+    def test_dataloader(self) -> list[DataLoader]:
+        """One loader per length factor; the batch shrinks as the blocks grow, so every
+        batch holds the same number of tokens."""
+        seq_len, batch = self.cfg.data.seq_len, self.cfg.data.batch_size
+        return [self._blocks("test", f * seq_len, max(batch // f, 1)) for f in TEST_LENGTH_FACTORS]
+
+    def _blocks(self, split: str, length: int, batch_size: int) -> DataLoader:
+        windows = TokenWindows(self.streams[split], length, stride=length)
+        return DataLoader(windows, batch_size=batch_size, shuffle=False, num_workers=self.cfg.data.num_workers)

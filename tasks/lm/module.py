@@ -1,0 +1,115 @@
+"""The LM task's LightningModule: next-token cross-entropy, perplexities, artifacts."""
+
+import matplotlib
+
+matplotlib.use("Agg")  # artifacts are files; no display needed
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+
+from lavo_tasks.module import TaskModule
+
+from .data import TEST_LENGTH_FACTORS, LMDataModule
+from .metrics import Perplexity
+from .model import LanguageModel
+
+TEST_METRICS = tuple("test_ppl" if f == 1 else f"test_ppl_{f}x" for f in TEST_LENGTH_FACTORS)
+
+
+class LMModule(TaskModule):
+    def __init__(self, cfg: DictConfig, datamodule: LMDataModule):
+        super().__init__(cfg)
+        self.tokenizer = datamodule.tokenizer
+        self.prompt = datamodule.streams["test"][: cfg.generate.prompt_tokens].long()  # [P]
+        self.model = LanguageModel(self.tokenizer.vocab_size, cfg.model, cfg.attention)
+
+    def token_nll(self, batch: torch.Tensor) -> torch.Tensor:
+        """batch [B, L + 1] token windows -> NLL of each next token [B, L]."""
+        logits, _ = self.model(batch[:, :-1])
+        return F.cross_entropy(logits.transpose(1, 2).float(), batch[:, 1:], reduction="none")
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self.token_nll(batch).mean()
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    # -- validation: one token-weighted perplexity over the evaluated blocks
+    def on_validation_epoch_start(self) -> None:
+        self.val_ppl = Perplexity()
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.val_ppl.update(self.token_nll(batch))
+
+    def on_validation_epoch_end(self) -> None:
+        nll = self._all_ranks_mean_nll(self.val_ppl)
+        self.log_dict({"val_loss": nll, "val_ppl": nll.exp()}, prog_bar=True)
+
+    # -- test: one perplexity per length, and NLL by position within the longest blocks
+    def on_test_epoch_start(self) -> None:
+        self.test_ppl = [Perplexity() for _ in TEST_LENGTH_FACTORS]
+        longest = max(TEST_LENGTH_FACTORS) * self.cfg.data.seq_len
+        self.position_nll = torch.zeros(longest, dtype=torch.float64)
+        self.position_count = 0
+
+    def test_step(self, batch: torch.Tensor, batch_idx: int, dataloader_idx: int = 0) -> None:
+        nll = self.token_nll(batch)  # [B, f * seq_len]
+        self.test_ppl[dataloader_idx].update(nll)
+        if TEST_LENGTH_FACTORS[dataloader_idx] == max(TEST_LENGTH_FACTORS):
+            self.position_nll += nll.double().sum(0).cpu()
+            self.position_count += nll.shape[0]
+
+    def on_test_epoch_end(self) -> None:
+        ppl = {name: self._all_ranks_mean_nll(acc).exp() for name, acc in zip(TEST_METRICS, self.test_ppl)}
+        self.log_dict(ppl)
+        sums = self.trainer.strategy.reduce(self.position_nll.to(self.device), reduce_op="sum")
+        count = self.trainer.strategy.reduce(torch.tensor(float(self.position_count), device=self.device), reduce_op="sum")
+        if self.trainer.is_global_zero:
+            self.write_generated_text()
+            self.plot_ppl_vs_context({k: float(v) for k, v in ppl.items()}, (sums / count).cpu())
+
+    def _all_ranks_mean_nll(self, acc: Perplexity) -> torch.Tensor:
+        """The mean NLL over every token every process saw (one process: acc's own)."""
+        totals = torch.tensor([acc.nll_sum, float(acc.n_tokens)], dtype=torch.float64, device=self.device)
+        totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
+        return (totals[0] / totals[1]).float()
+
+    # -- artifacts
+    def write_generated_text(self) -> None:
+        gen = self.cfg.generate
+        generator = torch.Generator().manual_seed(self.cfg.seed)
+        new = self.model.generate(self.prompt[None].to(self.device), gen.max_new_tokens, temperature=gen.temperature,
+                                  top_k=gen.top_k, generator=generator)[0]
+        text = (
+            f"# prompt: the first {len(self.prompt)} tokens of the test split\n"
+            f"{self.tokenizer.decode(self.prompt.tolist())}\n"
+            f"# generated: {gen.max_new_tokens} tokens, temperature {gen.temperature}, top_k {gen.top_k}, "
+            f"attention {self.cfg.attention.name}, through the decode states\n"
+            f"{self.tokenizer.decode(new.tolist())}\n"
+        )
+        (self.artifacts_dir / "generated.txt").write_text(text, encoding="utf-8")
+
+    def plot_ppl_vs_context(self, ppl: dict[str, float], position_nll: torch.Tensor) -> None:
+        """Left: test perplexity at each evaluation length. Right: perplexity by position
+        inside the longest blocks (bins of seq_len / 4 tokens); past the dashed line the
+        model sees more context than in training."""
+        seq_len = self.cfg.data.seq_len
+        lengths = [f * seq_len for f in TEST_LENGTH_FACTORS]
+        bin_size = max(seq_len // 4, 1)
+        binned = position_nll[: len(position_nll) // bin_size * bin_size].view(-1, bin_size).mean(1).exp()
+        centers = (torch.arange(len(binned)) + 0.5) * bin_size
+
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+        left.plot(lengths, list(ppl.values()), marker="o")
+        left.set(xscale="log", xlabel="evaluation length (tokens)", ylabel="test perplexity",
+                 title="perplexity vs evaluation length")
+        left.set_xticks(lengths, [str(n) for n in lengths])
+        right.plot(centers, binned)
+        right.axvline(seq_len, linestyle="--", color="gray", label=f"training length {seq_len}")
+        right.set(xlabel="position in the block (tokens)", ylabel="perplexity",
+                  title=f"perplexity by position ({lengths[-1]}-token blocks)")
+        right.legend()
+        fig.suptitle(f"LM, attention={self.cfg.attention.name}")
+        fig.tight_layout()
+        fig.savefig(self.artifacts_dir / "ppl_vs_context.png", dpi=100)
+        plt.close(fig)
