@@ -55,9 +55,10 @@ def window_attention(
 
 @dataclass
 class WindowCache:
-    """Decode state of `local` (CS): the keys (rotated at their positions) and values of
-    the last w-1 positions, oldest first, and which of those slots hold a real position
-    (the first w-1-t slots are empty while fewer than w-1 positions were seen)."""
+    """Decode state of `local` (CS), of fixed size: the keys (rotated at their positions)
+    and values of the last w-1 positions, oldest first (the design's ring buffer, kept in
+    order by shifting), and which slots hold a position: while fewer than w-1 positions
+    were seen, the first slots are empty. With the current position, that is the window."""
 
     k: torch.Tensor  # [B, H, w-1, d]
     v: torch.Tensor  # [B, H, w-1, d]
