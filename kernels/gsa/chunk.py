@@ -30,7 +30,7 @@ from .torch_path import read_state
 BT = 64  # positions per chunk (a state is kept at every chunk start)
 BC = 16  # positions per sub-chunk (one program of the per-position kernels)
 BD_STATE = 32  # state columns per program of the state scans
-MAX_DIM = 256
+MAX_DIM = 128  # above this the per-sub-chunk kernels need more shared memory than an H200 has
 # Triton's interpreter (numpy 2) cannot run `for` loops with run-time bounds; the
 # sequential scans then use `while` loops, which the compiler does not software-pipeline.
 WHILE_LOOPS = os.environ.get("TRITON_INTERPRET") == "1"
@@ -183,7 +183,7 @@ def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, 
     """`gsa_attn` on the Triton kernels (same arguments minus `backend`, validated there).
 
     Raises NotImplementedError for what these kernels do not cover: float64 inputs,
-    head dims or slot counts above 256.
+    head dims or slot counts above 128 (the dispatcher then falls back to PyTorch).
     """
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise NotImplementedError(f"chunk_gsa_attn: dtype {q.dtype}; the Triton kernels take fp16, bf16, fp32")
