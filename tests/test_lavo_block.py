@@ -125,8 +125,9 @@ def test_block_decode_equals_full_forward(pattern, segments, source_len, sizes):
             y, state = block(x[:, start : start + size], context=context, state=state)
             pieces.append(y)
             start += size
+            assert state.position == start
             if not cross:  # constant-size state: w-1 slots whatever the length
-                assert state.keys.shape == (2, HEADS, 3, 8) and state.count == start
+                assert state.memory.keys.shape == (2, HEADS, 3, 8) and state.memory.count == start
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-12)
 
 

@@ -67,7 +67,7 @@ def lavo_prefill(q, k, v, basis, rel_bias, mem_bias, *, window, scale=None, back
     batch, steps, heads, dim = k.shape
     state = LavoDecodeState.empty(batch, heads, dim, basis.shape[1], window, dtype=k.dtype, device=k.device)
     cdt = state.mem_sum.dtype
-    with torch.autocast(k.device.type, enabled=False):
+    with torch.autocast(k.device.type, enabled=False):  # the sum in float32 whatever the caller's autocast
         state.mem_sum = coefficients(v.transpose(1, 2).to(cdt), basis.to(cdt)).sum(2)  # [B, H, r]
     ring = window - 1
     if ring:

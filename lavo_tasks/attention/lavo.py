@@ -3,11 +3,10 @@
 The block owns the q/k/v/output projections and, per head, the orthonormal basis
 [H, r, d], the relative position bias (CS, CC: w entries; NS: w + 1; NC has no window and
 no bias) and the memory bias ([H]; NC: [H, cross_segments]); both biases start at 0.
-It calls `lavo_tasks.kernels.lavo_attn`. Decode states (constant size in the target
-length): CS, a ring buffer of w-1 keys/values and the fp32 memory sum
-(`LavoDecodeState`); CC and NC, the source projected and summarised once at
-`init_state` (`LavoSource`) and a target position counter. NS is never decoded.
-States are updated in place: a call returns the (mutated) state it was given.
+It calls `lavo_tasks.kernels.lavo_attn`. Decode states (`LavoState`, constant size in
+the target length): CS, a ring buffer of w-1 keys/values and the fp32 memory sum; CC and
+NC, the source projected and summarised once at `init_state`; NS is never decoded. A
+decode call may update the state's tensors in place: use the state it returns.
 """
 
 from dataclasses import dataclass
@@ -28,11 +27,19 @@ BASIS_KINDS = ("learned", "fixed")
 
 
 @dataclass
-class LavoCrossState:
-    """Decode state of `lavo` in cross-attention (CC, NC): the prepared source and how
-    many target positions came before the next call."""
+class LavoState:
+    """Decode state of `lavo`; its size does not grow with the target length.
 
-    source: LavoSource
+    `basis` [H, r, d] is evaluated once at init_state (the learned basis costs a matrix
+    exponential per evaluation, and decoding does not change it). CS: `memory` is the
+    ring buffer + fp32 memory sum (`LavoDecodeState`). CC, NC: `source` is the context
+    projected and summarised once (`LavoSource`). `position`: how many target positions
+    came before the next call.
+    """
+
+    basis: torch.Tensor
+    memory: LavoDecodeState | None = None
+    source: LavoSource | None = None
     position: int = 0
 
 
@@ -122,43 +129,45 @@ class LavoAttention(AttentionBlock):
             y = y * mask[..., None]  # padded queries output 0
         return y, state
 
-    def init_state(self, batch_size: int, context=None, context_mask=None):
+    def init_state(self, batch_size: int, context=None, context_mask=None) -> LavoState:
         if self.pattern == "NS":
             raise ValueError(f"attention {self.name!r}: noncausal self-attention (NS) cannot be decoded step by step")
+        basis = self.basis
         if not self.cross:
             weight = self.q_proj.weight
-            return LavoDecodeState.empty(
+            memory = LavoDecodeState.empty(
                 batch_size, self.n_heads, self.head_dim, self.rank, self.window, dtype=weight.dtype, device=weight.device
             )
+            return LavoState(basis, memory=memory)
         if context is None:
             raise ValueError(f"attention {self.name!r} ({self.pattern}): init_state needs the context")
         check_mask(context_mask, context, "context_mask")
         k, v = self._keys_values(context)
-        source = lavo_source(k, v, self.basis, causal=self.causal, segments=self.segments, kv_mask=context_mask)
-        return LavoCrossState(source, 0)
+        source = lavo_source(k, v, basis, causal=self.causal, segments=self.segments, kv_mask=context_mask)
+        return LavoState(basis, source=source)
 
-    def _decode(self, q, x, state):
+    def _decode(self, q, x, state: LavoState):
         """q [B, t, H, d] for the t positions after those `state` has seen -> o [B, t, H, d]."""
-        basis = self.basis
+        steps = q.shape[1]
         if self.cross:
             o = lavo_cross_decode(
-                q, state.source, basis, self.rel_bias, self.mem_bias, window=self.window, start=state.position
+                q, state.source, state.basis, self.rel_bias, self.mem_bias, window=self.window, start=state.position
             )
-            state.position += q.shape[1]
-            return o, state
+        else:
+            o, state.memory = self._decode_self(q, x, state.basis, state.memory)
+        state.position += steps
+        return o, state
+
+    def _decode_self(self, q, x, basis, memory: LavoDecodeState):
         k, v = self._keys_values(x)
-        if state.count == 0 and q.shape[1] > 1:  # a prompt: all at once, then the state after it
-            return lavo_prefill(
-                q, k, v, basis, self.rel_bias, self.mem_bias, window=self.window, backend=self.backend
-            )
+        options = dict(window=self.window, backend=self.backend)
+        if memory.count == 0 and q.shape[1] > 1:  # a prompt: all at once, then the state after it
+            return lavo_prefill(q, k, v, basis, self.rel_bias, self.mem_bias, **options)
         outputs = []
         for i in range(q.shape[1]):
-            o, state = lavo_decode_step(
-                q[:, i], k[:, i], v[:, i], basis, self.rel_bias, self.mem_bias, state, window=self.window,
-                backend=self.backend,
-            )
+            o, memory = lavo_decode_step(q[:, i], k[:, i], v[:, i], basis, self.rel_bias, self.mem_bias, memory, **options)
             outputs.append(o)
-        return torch.stack(outputs, dim=1), state
+        return torch.stack(outputs, dim=1), memory
 
 
 class _Basis(nn.Module):
