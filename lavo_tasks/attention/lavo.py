@@ -17,9 +17,16 @@ from torch import nn
 from torch.nn.utils.parametrizations import orthogonal
 
 from ..errors import ConfigError
-from ..kernels import LavoDecodeState, lavo_attn, lavo_decode_step
 from ..kernels.backend import BACKENDS
-from ..kernels.lavo import LavoSource, lavo_cross_decode, lavo_prefill, lavo_source
+from ..kernels.lavo import (
+    LavoDecodeState,
+    LavoSource,
+    lavo_attn,
+    lavo_cross_decode,
+    lavo_decode_step,
+    lavo_prefill,
+    lavo_source,
+)
 from .base import AttentionBlock
 from .softmax import check_mask
 
