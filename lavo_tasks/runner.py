@@ -99,8 +99,9 @@ class ValidationLog(Callback):
 def resolve_run_dir(cfg: DictConfig) -> Path:
     """run.dir, filled in with the default runs/<task>/<YYYYmmdd-HHMMSS> when empty."""
     if not cfg.run.dir:
-        stamp = os.environ.setdefault(RUN_STAMP_ENV, time.strftime("%Y%m%d-%H%M%S"))
-        cfg.run.dir = f"runs/{cfg.task}/{stamp}"
+        if rank_zero_only.rank == 0:  # the other DDP ranks, started later, take rank 0's stamp
+            os.environ[RUN_STAMP_ENV] = time.strftime("%Y%m%d-%H%M%S")
+        cfg.run.dir = f"runs/{cfg.task}/{os.environ[RUN_STAMP_ENV]}"
     return Path(cfg.run.dir)
 
 

@@ -5,6 +5,9 @@ a fixed random token table), so the resume and evaluate checks cost seconds.
 """
 
 import json
+import re
+import subprocess
+import sys
 import types
 
 import lightning as L
@@ -132,8 +135,17 @@ def test_train_writes_the_run_folder(tiny_task, tmp_path):
     assert (run_dir / "artifacts" / "weights.txt").is_file()
 
 
-class StopAt(L.Callback):
-    """Ends the process's training abruptly (as Ctrl-C or a crash would) at a step."""
+def test_default_run_dir_is_runs_task_timestamp(tiny_task, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train.run(["task=tiny", "trainer.max_steps=1"])
+    (run_dir,) = (tmp_path / "runs" / "tiny").iterdir()
+    assert re.fullmatch(r"\d{8}-\d{6}", run_dir.name)
+    assert OmegaConf.load(run_dir / "config.yaml").run.dir == f"runs/tiny/{run_dir.name}"
+    assert (run_dir / "metrics.json").is_file()
+
+
+class CrashAt(L.Callback):
+    """Ends training abruptly (as Ctrl-C or a crash would) when it reaches a step."""
 
     def __init__(self, step):
         self.step = step
@@ -143,23 +155,27 @@ class StopAt(L.Callback):
             raise RuntimeError(f"simulated crash at step {self.step}")
 
 
-def test_resume_equals_an_uninterrupted_run(tiny_task, tmp_path, monkeypatch):
-    straight = tmp_path / "straight"
-    expected = train.run(["task=tiny", f"run.dir={straight}", "trainer.max_steps=12"])
-
-    # The same run crashes at step 7: its last checkpoint is from the validation at step 6.
-    interrupted = tmp_path / "interrupted"
+def train_until_crash(monkeypatch, args, step):
+    """`train.run(args)` with a crash at `step`."""
     build = lavo_tasks.runner.build_trainer
 
     def crashing_trainer(cfg, run_dir, *, fitting):
         trainer = build(cfg, run_dir, fitting=fitting)
-        trainer.callbacks.insert(0, StopAt(7))
+        trainer.callbacks.insert(0, CrashAt(step))
         return trainer
 
-    monkeypatch.setattr(lavo_tasks.runner, "build_trainer", crashing_trainer)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train.run(["task=tiny", f"run.dir={interrupted}", "trainer.max_steps=12"])
-    monkeypatch.setattr(lavo_tasks.runner, "build_trainer", build)
+    with monkeypatch.context() as patch:
+        patch.setattr(lavo_tasks.runner, "build_trainer", crashing_trainer)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            train.run(args)
+
+
+def test_resume_equals_an_uninterrupted_run(tiny_task, tmp_path, monkeypatch):
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    expected = train.run(["task=tiny", f"run.dir={straight}", "trainer.max_steps=12"])
+
+    # The same run crashes at step 7: its last checkpoint is from the validation at step 6.
+    train_until_crash(monkeypatch, ["task=tiny", f"run.dir={interrupted}", "trainer.max_steps=12"], step=7)
     assert not (interrupted / "metrics.json").exists()
     assert torch.load(interrupted / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
 
@@ -199,6 +215,7 @@ def test_evaluate_reproduces_the_test_metrics(tiny_task, tmp_path):
 def test_a_fresh_run_does_not_overwrite_an_old_one(tiny_task, tmp_path, capsys):
     run_dir = tmp_path / "run"
     train.run(["task=tiny", f"run.dir={run_dir}", "trainer.max_steps=1"])
+    capsys.readouterr()
     assert train.main(["task=tiny", f"run.dir={run_dir}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: run.dir=") and "run.resume=last" in err and err.count("\n") == 1
@@ -211,6 +228,7 @@ def test_resume_errors(tiny_task, tmp_path, capsys):
     ]
     run_dir = tmp_path / "run"
     train.run(["task=tiny", f"run.dir={run_dir}", "trainer.max_steps=1"])
+    capsys.readouterr()
     cases += [
         ([f"run.dir={run_dir}", "run.resume=last", "model.d_model=32"], "only trainer.* and run.* keys"),
         ([f"run.dir={run_dir}", "run.resume=last", "task=lm"], "keeps its task"),
@@ -253,3 +271,69 @@ def test_step_batches_shard_across_processes():
     ranks = [iter(StepBatchSampler(50, 3, seed=7, start_step=4, rank=r, world_size=2)) for r in range(2)]
     for step in (4, 5):
         assert next(ranks[0]) + next(ranks[1]) == drawn(step, 6)
+
+
+# The real LM task at toy sizes (the default data: the standard-library corpus).
+LM_TINY = ["task=lm", "data.seq_len=16", "data.batch_size=4", "model.d_model=32", "model.n_layers=1",
+           "model.n_heads=2", "model.d_ff=32", "generate.prompt_tokens=8", "generate.max_new_tokens=8",
+           "trainer.limit_val_batches=1", "trainer.limit_test_batches=2", "trainer.val_check_interval=2"]
+
+
+@pytest.mark.slow
+def test_lm_cli_end_to_end_and_evaluate(tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "lavo_tasks.train", *LM_TINY, "trainer.max_steps=4",
+                             f"run.dir={run_dir}"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Epoch 0" in result.stderr + result.stdout  # the progress bar
+
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    assert cfg.task == "lm" and cfg.trainer.max_steps == 4 and cfg.model.d_model == 32
+    assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {"last.ckpt", "best.ckpt"}
+    lines = read_jsonl(run_dir / "metrics.jsonl")
+    assert [line["step"] for line in lines] == [2, 4] and all(line["val_loss"] > 0 for line in lines)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert {"test_ppl", "test_ppl_2x", "test_ppl_4x", "test_ppl_8x"} <= set(metrics)
+    assert all(1 < value < float("inf") for value in metrics.values())
+    artifacts = {p.name: p.read_bytes() for p in (run_dir / "artifacts").iterdir()}
+    assert artifacts and all(artifacts.values())
+
+    # evaluate rebuilds the run from config.yaml + last.ckpt and reproduces both.
+    (run_dir / "metrics.json").unlink()
+    assert evaluate.main([f"run.dir={run_dir}", "ckpt=last"]) == 0
+    assert json.loads((run_dir / "metrics.json").read_text()) == metrics
+    assert {p.name: p.read_bytes() for p in (run_dir / "artifacts").iterdir() if p.suffix == ".txt"} == {
+        name: data for name, data in artifacts.items() if name.endswith(".txt")}
+
+
+@pytest.mark.slow
+def test_lm_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    args = [*LM_TINY, "model.dropout=0.1", "trainer.max_steps=6", "trainer.enable_progress_bar=false"]
+    expected = train.run([*args, f"run.dir={straight}"])
+    train_until_crash(monkeypatch, [*args, f"run.dir={interrupted}"], step=3)
+    assert torch.load(interrupted / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+
+    assert train.run([f"run.dir={interrupted}", "run.resume=last"]) == expected
+    assert read_jsonl(interrupted / "metrics.jsonl") == read_jsonl(straight / "metrics.jsonl")
+    generated = "artifacts/generated.txt"
+    assert (interrupted / generated).read_text() == (straight / generated).read_text()
+
+
+@pytest.mark.slow
+def test_lm_ddp_on_two_processes_trains_like_one(tmp_path):
+    """trainer.devices/strategy pass through to Lightning: 2 CPU processes x 2 sequences
+    per step (DDP, gloo) end with the weights of 1 process x 4 sequences."""
+    args = [*LM_TINY, "trainer.max_steps=3", "trainer.accelerator=cpu", "trainer.enable_progress_bar=false"]
+    train.run([*args, "data.batch_size=4", f"run.dir={tmp_path / 'one'}"])
+    result = subprocess.run([sys.executable, "-m", "lavo_tasks.train", *args, "data.batch_size=2",
+                             "trainer.devices=2", "trainer.strategy=ddp", f"run.dir={tmp_path / 'two'}"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    one, two = (torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+                for name in ("one", "two"))
+    assert one.keys() == two.keys()
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-6)
+    assert json.loads((tmp_path / "two" / "metrics.json").read_text()).keys() == {
+        "test_ppl", "test_ppl_2x", "test_ppl_4x", "test_ppl_8x"}
