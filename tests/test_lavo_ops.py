@@ -103,25 +103,34 @@ def test_reference_matches_hand_computed_segmented_cross_case():
 # --- the PyTorch path against the reference ----------------------------------------------
 
 CASES = [
-    # pattern, n, m, window, segments, masked
-    ("CS", 9, 9, 3, 1, True),
-    ("CS", 12, 12, 4, 1, False),
-    ("CS", 9, 9, 1, 1, True),
-    ("NS", 9, 9, 4, 1, True),
-    ("NS", 12, 12, 2, 1, False),
-    ("CC", 9, 12, 3, 1, True),
-    ("CC", 12, 9, 4, 1, True),
-    ("CC", 12, 9, 4, 1, False),
-    ("NC", 9, 12, 4, 1, False),
-    ("NC", 12, 9, 4, 3, True),
+    # pattern, n, m, window, segments, masked, scale
+    ("CS", 9, 9, 3, 1, True, None),
+    ("CS", 12, 12, 4, 1, False, None),
+    ("CS", 9, 9, 1, 1, True, None),
+    ("NS", 9, 9, 4, 1, True, None),
+    ("NS", 12, 12, 2, 1, False, None),
+    ("CC", 9, 12, 3, 1, True, None),
+    ("CC", 12, 9, 4, 1, True, None),
+    ("CC", 12, 9, 4, 1, False, None),
+    ("NC", 9, 12, 4, 1, False, None),
+    ("NC", 12, 9, 4, 3, True, None),
+    # windows longer than the sequence, a source shorter than the window, more segments
+    # than source positions, a caller's scale
+    ("CS", 9, 9, 16, 1, True, 0.3),
+    ("NS", 9, 9, 20, 1, True, None),
+    ("CC", 9, 2, 5, 1, False, 0.3),
+    ("NC", 5, 3, 4, 5, True, None),
 ]
 
 
-@pytest.mark.parametrize("pattern,n,m,window,segments,masked", CASES)
-def test_torch_path_matches_reference_in_float64(pattern, n, m, window, segments, masked):
+@pytest.mark.parametrize("pattern,n,m,window,segments,masked,scale", CASES)
+def test_torch_path_matches_reference_in_float64(pattern, n, m, window, segments, masked, scale):
     causal, cross = PATTERNS[pattern]
     inputs = make_inputs(pattern, n, m, window=window, segments=segments)
-    kw = dict(window=window, causal=causal, cross=cross, segments=segments, kv_mask=random_mask(2, m) if masked else None)
+    kw = dict(
+        window=window, causal=causal, cross=cross, segments=segments, scale=scale,
+        kv_mask=random_mask(2, m) if masked else None,
+    )
     upstream = torch.randn(2, n, 2, 8, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     out, grads = outputs_and_grads(lambda *a, **k: lavo_attn(*a, backend="torch", **k), inputs, upstream, **kw)
     ref_out, ref_grads = outputs_and_grads(reference_lavo_attn, inputs, upstream, **kw)
@@ -298,3 +307,10 @@ def test_bad_arguments_raise_clear_errors(change, message):
     kv_mask = torch.ones(2, 12, dtype=change.pop("mask_dtype", torch.bool))
     with pytest.raises(ValueError, match=message):
         lavo_attn(q, q, q, basis, rel_bias, mem_bias, window=window, causal=causal, cross=cross, kv_mask=kv_mask, **change)
+
+
+def test_decode_step_rejects_a_state_of_another_window():
+    x = torch.zeros(2, 2, 8)
+    state = LavoDecodeState.empty(2, 2, 8, 4, window=3)
+    with pytest.raises(ValueError, match=r"state.keys/values \(2, 2, 2, 8\): expected \(2, 2, 3, 8\)"):
+        lavo_decode_step(x, x, x, torch.zeros(2, 4, 8), torch.zeros(2, 4), torch.zeros(2), state, window=4)
