@@ -2,8 +2,8 @@
 
 A run folder (`run.dir`) holds `config.yaml` (the resolved configuration, enough to
 rebuild the model), `checkpoints/` (`last.ckpt`, `best.ckpt` by `val_loss`),
-`metrics.jsonl` (one line per validation), `metrics.json` (the final test metrics) and
-`artifacts/` (written by the task module's test hooks).
+`metrics.jsonl` (one line per validation), `metrics.json` (the final test metrics),
+`artifacts/` (written by the task module's test hooks) and `logs/` (training curves, CSV).
 """
 
 import json
@@ -17,6 +17,7 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
@@ -34,11 +35,14 @@ def write_atomically(path: Path, write) -> None:
     """Call `write(file)` on a temporary file next to `path`, then rename it to `path`:
     a crash leaves either the old file or the new one, never a truncated one."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -143,11 +147,14 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, fitting: bool) -> L.Trainer
         on_gpu = torch.cuda.is_available() and kwargs["accelerator"] in ("auto", "gpu", "cuda")
         kwargs["precision"] = "bf16-mixed" if on_gpu else "32-true"
     callbacks = [RunCheckpoint(run_dir / "checkpoints"), ValidationLog(run_dir / "metrics.jsonl")] if fitting else []
+    # Training curves (every trainer.log_every_n_steps) go to logs/version_<n>/metrics.csv,
+    # a new version for each start of the run, so a resumed run loses nothing.
+    logger = CSVLogger(run_dir, name="logs") if fitting else False
     try:
         return L.Trainer(
             **kwargs,
             default_root_dir=run_dir,
-            logger=False,
+            logger=logger,
             callbacks=callbacks,
             enable_checkpointing=fitting,
             plugins=[AtomicCheckpointIO()],

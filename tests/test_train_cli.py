@@ -4,6 +4,7 @@ The runner is exercised on a tiny task defined here (a next-token model with dro
 a fixed random token table), so the resume and evaluate checks cost seconds.
 """
 
+import csv
 import json
 import re
 import subprocess
@@ -78,7 +79,9 @@ class TinyModule(TaskModule):
         return nn.functional.cross_entropy(logits, batch[:, 1]), logits
 
     def training_step(self, batch, batch_idx):
-        return self.loss(batch)[0]
+        loss = self.loss(batch)[0]
+        self.log("train_loss", loss)
+        return loss
 
     def validation_step(self, batch, batch_idx):
         self.log("val_loss", self.loss(batch)[0])
@@ -116,7 +119,7 @@ def read_jsonl(path):
 
 def test_train_writes_the_run_folder(tiny_task, tmp_path):
     run_dir = tmp_path / "run"
-    metrics = train.run(["task=tiny", f"run.dir={run_dir}", "trainer.max_steps=7"])
+    metrics = train.run(["task=tiny", f"run.dir={run_dir}", "trainer.max_steps=7", "trainer.log_every_n_steps=2"])
 
     saved = OmegaConf.load(run_dir / "config.yaml")
     assert saved.task == "tiny" and saved.run.dir == str(run_dir) and saved.trainer.max_steps == 7
@@ -133,6 +136,9 @@ def test_train_writes_the_run_folder(tiny_task, tmp_path):
     assert json.loads((run_dir / "metrics.json").read_text()) == metrics
     assert set(metrics) == {"test_loss", "test_acc"} and 0 <= metrics["test_acc"] <= 1
     assert (run_dir / "artifacts" / "weights.txt").is_file()
+    with open(run_dir / "logs" / "version_0" / "metrics.csv") as f:
+        curve = [row for row in csv.DictReader(f) if row["train_loss"]]
+    assert [int(row["step"]) for row in curve] == [1, 3, 5]
 
 
 def test_default_run_dir_is_runs_task_timestamp(tiny_task, tmp_path, monkeypatch):
@@ -142,6 +148,24 @@ def test_default_run_dir_is_runs_task_timestamp(tiny_task, tmp_path, monkeypatch
     assert re.fullmatch(r"\d{8}-\d{6}", run_dir.name)
     assert OmegaConf.load(run_dir / "config.yaml").run.dir == f"runs/tiny/{run_dir.name}"
     assert (run_dir / "metrics.json").is_file()
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("simulated failure while writing")
+
+
+def test_checkpoints_are_written_atomically(tiny_task, tmp_path):
+    cfg = lavo_tasks.config.compose(["task=tiny"])
+    assert isinstance(lavo_tasks.runner.build_trainer(cfg, tmp_path, fitting=True).strategy.checkpoint_io,
+                      lavo_tasks.runner.AtomicCheckpointIO)
+    io, path = lavo_tasks.runner.AtomicCheckpointIO(), tmp_path / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"step": 1, "weights": torch.arange(4.0)}, path)
+    big = torch.zeros(1 << 20)  # written before the failing object: the file is part-written when it fails
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        io.save_checkpoint({"step": 2, "weights": big, "later": Unpicklable()}, path)
+    assert torch.load(path)["step"] == 1
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]
 
 
 class CrashAt(L.Callback):
@@ -185,6 +209,7 @@ def test_resume_equals_an_uninterrupted_run(tiny_task, tmp_path, monkeypatch):
     assert resumed == expected
     assert read_jsonl(interrupted / "metrics.jsonl") == read_jsonl(straight / "metrics.jsonl")
     assert (interrupted / "artifacts" / "weights.txt").read_text() == (straight / "artifacts" / "weights.txt").read_text()
+    assert {p.name for p in (interrupted / "logs").iterdir()} == {"version_0", "version_1"}
 
 
 def test_resume_can_raise_max_steps(tiny_task, tmp_path):
