@@ -89,7 +89,7 @@ def _fresh_config(selectors: dict[str, str], overrides: list[tuple[str, str]]) -
     preset = dict(overrides).get("model.preset")
     if preset is not None:
         _check_known(cfg, "model.preset")
-        _merge_preset(cfg, presets, preset)
+        _merge_preset(cfg, presets, parse_value("model.preset", preset, cfg.model.preset))
     elif OmegaConf.select(cfg, "model.preset") is not None:
         _merge_preset(cfg, presets, cfg.model.preset)
     for key, raw in overrides:
@@ -119,9 +119,10 @@ def _saved_config(run_dir: str, selectors: dict[str, str], overrides: list[tuple
     if not path.is_file():
         raise ConfigError(f"run.dir={run_dir!r}: no config.yaml there, so no run to resume")
     cfg = OmegaConf.load(path)
+    saved = {"task": cfg.task, "attention": cfg.attention.name}
     for name, value in selectors.items():
-        if value != cfg[name]:
-            raise ConfigError(f"{name}={value!r}: a resumed run keeps its {name} ({cfg[name]})")
+        if value != saved[name]:
+            raise ConfigError(f"{name}={value!r}: a resumed run keeps its {name} ({saved[name]})")
     for key, raw in overrides:
         if not key.startswith(RESUMABLE_PREFIXES):
             raise ConfigError(f"{key}: a resumed run keeps its configuration; only trainer.* and run.* keys may change")
@@ -129,13 +130,13 @@ def _saved_config(run_dir: str, selectors: dict[str, str], overrides: list[tuple
     return cfg
 
 
-def _leaf_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+def _all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
     keys = []
     for key, value in cfg.items_ex(resolve=False):
         path = f"{prefix}{key}"
         keys.append(path)
         if isinstance(value, DictConfig):
-            keys.extend(_leaf_keys(value, path + "."))
+            keys.extend(_all_keys(value, path + "."))
     return keys
 
 
@@ -144,7 +145,7 @@ def _check_known(cfg: DictConfig, key: str, where: str = "") -> None:
     parent = OmegaConf.select(cfg, parent_path) if parent_path else cfg
     if isinstance(parent, DictConfig) and name in parent:
         return
-    known = _leaf_keys(cfg)
+    known = _all_keys(cfg)
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
     hint = f" (did you mean {close[0]}?)" if close else ""
     if not close:

@@ -97,6 +97,7 @@ def test_presets(toy_task):
     assert cfg.model.n_heads == 4                                    # untouched by the preset
     assert "presets" not in cfg
     assert compose(["task=toy", "model.preset=default"]).model.d_model == 32
+    assert compose(["task=toy", "model.preset='big'"]).model.d_model == 64
     assert error_of(["task=toy", "model.preset=huge"]) == (
         "model.preset='huge': unknown preset for task toy; allowed: default, big")
 

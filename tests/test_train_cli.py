@@ -203,7 +203,7 @@ def test_resume_equals_an_uninterrupted_run(tiny_task, tmp_path, monkeypatch):
     assert not (interrupted / "metrics.json").exists()
     assert torch.load(interrupted / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
 
-    resumed = train.run([f"run.dir={interrupted}", "run.resume=last"])
+    resumed = train.run([f"run.dir={interrupted}", "run.resume=last", "task=tiny", "attention=softmax"])
     # The training batches restarted at the checkpoint's step, not at 0.
     assert TRAIN_LOADER_STARTS == [0, 0, 6]
     assert resumed == expected
@@ -256,7 +256,8 @@ def test_resume_errors(tiny_task, tmp_path, capsys):
     capsys.readouterr()
     cases += [
         ([f"run.dir={run_dir}", "run.resume=last", "model.d_model=32"], "only trainer.* and run.* keys"),
-        ([f"run.dir={run_dir}", "run.resume=last", "task=lm"], "keeps its task"),
+        ([f"run.dir={run_dir}", "run.resume=last", "task=lm"], "task='lm': a resumed run keeps its task (tiny)"),
+        ([f"run.dir={run_dir}", "run.resume=last", "attention=gsa"], "a resumed run keeps its attention (softmax)"),
         ([f"run.dir={run_dir}", f"run.resume={tmp_path / 'x.ckpt'}"], "expected last or the path of a checkpoint"),
     ]
     for args, message in cases:
