@@ -109,14 +109,17 @@ def resolve_run_dir(cfg: DictConfig) -> Path:
     return Path(cfg.run.dir)
 
 
-def write_run_config(cfg: DictConfig, run_dir: Path) -> None:
-    """Check that a fresh run does not overwrite an old one; write the resolved
-    config.yaml (rank 0 only)."""
-    if rank_zero_only.rank != 0:
-        return
-    if not cfg.run.resume and (run_dir / "config.yaml").exists():
+def check_fresh(cfg: DictConfig, run_dir: Path) -> None:
+    """A new run must not write over an old one (its config.yaml marks it)."""
+    if rank_zero_only.rank == 0 and not cfg.run.resume and (run_dir / "config.yaml").exists():
         raise ConfigError(f"run.dir={cfg.run.dir!r}: holds a run already; continue it with run.resume=last "
                           "or choose another run.dir")
+
+
+def write_run_config(cfg: DictConfig, run_dir: Path) -> None:
+    """Write the resolved config.yaml (rank 0 only)."""
+    if rank_zero_only.rank != 0:
+        return
     run_dir.mkdir(parents=True, exist_ok=True)
     saved = cfg.copy()
     saved.run.resume = ""  # config.yaml describes the run, not how this process started
@@ -191,11 +194,14 @@ def write_test_metrics(run_dir: Path, results: list[dict]) -> dict[str, float]:
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit (or continue, with run.resume) and test; returns the test metrics."""
     run_dir = resolve_run_dir(cfg)
+    check_fresh(cfg, run_dir)
     ckpt_path = resume_checkpoint(cfg, run_dir)
     trainer = build_trainer(cfg, run_dir, fitting=True)  # Lightning checks the trainer.* keys
-    write_run_config(cfg, run_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule, module = build_task(cfg)
+    # Written once the data has loaded: a run stopped by a bad data file leaves no
+    # config.yaml, so the same command works again once the file is fixed.
+    write_run_config(cfg, run_dir)
     with warnings.catch_warnings():
         # On resume Lightning warns that checkpoints/ is not empty: it is meant to be.
         warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")

@@ -23,6 +23,7 @@ import lavo_tasks.runner
 import lavo_tasks.tasks
 from lavo_tasks import evaluate, train
 from lavo_tasks.data import StepBatchSampler
+from lavo_tasks.errors import DataError
 from lavo_tasks.module import TaskModule
 
 TINY_YAML = """
@@ -45,10 +46,24 @@ trainer:
 TRAIN_LOADER_STARTS: list[int] = []
 
 
+def read_pairs(path):
+    """The tiny task's file format: one `input target` pair of token ids a line."""
+    pairs = []
+    for number, line in enumerate(open(path).read().splitlines(), 1):
+        fields = line.split()
+        if len(fields) != 2 or not all(field.isdigit() for field in fields):
+            raise DataError(f"{path}:{number}: expected two token ids, got {line!r}")
+        pairs.append([int(field) for field in fields])
+    return torch.tensor(pairs)
+
+
 class TinyData(L.LightningDataModule):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
+        if cfg.data.path:
+            self.table = read_pairs(cfg.data.path)
+            return
         g = torch.Generator().manual_seed(1234)
         # [n_items, 2]: an input token and the token to predict (a fixed function + noise).
         inputs = torch.randint(cfg.data.vocab, (cfg.data.n_items,), generator=g)
@@ -264,6 +279,18 @@ def test_resume_errors(tiny_task, tmp_path, capsys):
         assert train.main(args) == 2, args
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, (args, err)
+
+
+def test_a_bad_data_file_is_one_line_and_the_command_can_be_repeated(tiny_task, tmp_path, capsys):
+    data, run_dir = tmp_path / "pairs.txt", tmp_path / "run"
+    data.write_text("1 3\n2 five\n")
+    args = ["task=tiny", f"data.path={data}", f"run.dir={run_dir}", "trainer.max_steps=1",
+            "trainer.limit_val_batches=1", "trainer.val_check_interval=1"]
+    assert train.main(args) == 2
+    assert capsys.readouterr().err == f"error: {data}:2: expected two token ids, got '2 five'\n"
+    data.write_text("".join(f"{i % 11} {(3 * i) % 11}\n" for i in range(40)))
+    assert train.main(args) == 0
+    assert OmegaConf.load(run_dir / "config.yaml").data.path == str(data)
 
 
 def test_trainer_keys_are_checked_by_lightning_before_any_work(tiny_task, tmp_path, capsys):
