@@ -47,7 +47,7 @@ def _compare(xs, states=None, **kw):
     fast = _run("triton", xs, states, **kw)
     ref = _run("torch", xs, states, **kw)
     errors = {n: _rel_rms(a, b) for n, a, b in zip(names, fast, ref)}
-    assert all(e <= TOL for e in errors.values()), errors
+    assert all(e <= TOL for e in errors.values()), " ".join(f"{n}={e:.1e}" for n, e in errors.items())
 
 
 @pytest.mark.parametrize("length,dim", [(8192, 64), (4096, 128), (1000, 64)])

@@ -185,7 +185,7 @@ def _read_slots(x_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT:
             a = tl.dot(x_i, tl.trans(y_j), input_precision=PREC)  # [BC, BC]
             w = (1.0 - tl.exp(g_j)) * tl.exp(b_r[None, :] - b_j)
             acc += tl.dot(a, w, input_precision=PREC)
-    out += acc * tl.exp(b_i - b_r[None, :])
+    out += acc * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))  # rows past the end: b_i = 0
     for jj in range(0, BC):  # keys of the sub-chunk itself (past the end: s = 0, y = 0)
         t = r + jj
         y_t = tl.load(y_ptr + (t * H + i_h) * D + o_d, mask=(o_d < D) & (t < eos), other=0.0).to(tl.float32)
@@ -212,7 +212,7 @@ def _read_values(w_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT
     m_m = o_m < M
     out = tl.dot(w_i * tl.exp(b_i), s0, input_precision=PREC)
     b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m, other=0.0)
-    w_r = w_i * tl.exp(b_i - b_r[None, :])
+    w_r = w_i * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))  # rows past the end: b_i = 0
     for jj in tl.static_range(BT // BC - 1):
         j0 = c0 + jj * BC
         rows_j = j0 + o_c

@@ -70,19 +70,25 @@ def _breakdown(fn, xs, label, out_dir):
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)
     with open(os.path.join(out_dir, f"profile_{label}.txt"), "w") as f:
         f.write(table)
+    print(label)
+    for event in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:10]:
+        print(f"  {event.device_time_total / 1000:8.3f} ms  x{event.count:<3d} {event.key[:70]}")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768,65536")
+    parser.add_argument("--impls", default="gsa,fla_chunk_gsa,sdpa", help="any of gsa, fla_chunk_gsa, sdpa")
+    parser.add_argument("--quick", action="store_true", help="skip the 128K run and the decode timing")
     args = parser.parse_args()
-    try:
-        import fla.ops.gsa  # noqa: F401
-
-        impls = {"gsa": _ours, "fla_chunk_gsa": _fla, "sdpa": _sdpa}
-    except ImportError:
-        impls = {"gsa": _ours, "sdpa": _sdpa}
+    known = {"gsa": _ours, "fla_chunk_gsa": _fla, "sdpa": _sdpa}
+    impls = {name: known[name] for name in args.impls.split(",")}
+    if "fla_chunk_gsa" in impls:
+        try:
+            import fla.ops.gsa  # noqa: F401
+        except ImportError:
+            del impls["fla_chunk_gsa"]
     rows = []
     log = open(os.path.join(args.out, "gsa_timing.jsonl"), "w")
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -100,6 +106,9 @@ def main():
             if "fla_chunk_gsa" in impls:
                 _breakdown(_fla, xs, f"fla_T{length}", args.out)
         del xs
+    _table(rows, impls, lengths)
+    if args.quick:
+        return
     # one sequence of 128K
     xs = _inputs(1, 131072)
     fwd, both, peak = _measure(_ours, xs)
@@ -118,7 +127,13 @@ def main():
                state_mib=sum(s.numel() * 4 for s in state) / 2**20)
     log.write(json.dumps(row) + "\n")
     log.close()
+    _table(rows, impls, lengths)
+    r = rows[-1]
+    print(f"gsa B=1 T=128K: {r['fwd_ms']:.2f} / {r['fwdbwd_ms']:.2f} ms ({r['peak_mib']:.0f} MiB)")
+    print(f"gsa decode step, batch 8: {dec * 1000:.1f} us per token")
 
+
+def _table(rows, impls, lengths):
     print(f"\n{torch.cuda.get_device_name()}  bf16 H={HEADS} d={DIM} M={SLOTS}  fwd / fwd+bwd ms (peak MiB)")
     names = list(impls)
     print("T".rjust(7) + "".join(n.rjust(30) for n in names))
@@ -128,9 +143,6 @@ def main():
             r = next(x for x in rows if x["impl"] == name and x["T"] == length)
             cells.append(f"{r['fwd_ms']:.2f} / {r['fwdbwd_ms']:.2f} ({r['peak_mib']:.0f})".rjust(30))
         print(str(length).rjust(7) + "".join(cells))
-    r = rows[-1]
-    print(f"gsa B=1 T=128K: {r['fwd_ms']:.2f} / {r['fwdbwd_ms']:.2f} ms ({r['peak_mib']:.0f} MiB)")
-    print(f"gsa decode step, batch 8: {dec * 1000:.1f} us per token")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,141 @@
+"""GSA Triton kernels against the token-loop reference, on the CPU through Triton's
+interpreter (tests/conftest.py sets TRITON_INTERPRET=1 without a GPU).
+
+fp32 kernels vs the float64 reference: max abs error <= 1e-4 relative to the reference
+tensor's max abs, on outputs, final states and the gradients of q, k, v, log_alpha and
+the initial state (ATTENTION.md section 4). Shapes are small (the interpreter is slow)
+but cross the kernels' tiles: sub-chunks of 16 and chunks of 64 positions, odd head dims
+and slot counts (padded inside to 16).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lavo_tasks.kernels.gsa.chunk import chunk_gsa_attn
+from lavo_tasks.kernels.gsa.recurrent import recurrent_gsa_step
+from lavo_tasks.kernels.gsa.reference import reference_gsa_attn
+
+TOL = 1e-4
+
+
+def _inputs(batch, n, m, heads=1, dk=12, dv=20, slots=5, seed=0, gate_scale=2.0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, n, heads, dk, generator=g)
+    k = torch.randn(batch, m, heads, dk, generator=g)
+    v = torch.randn(batch, m, heads, dv, generator=g)
+    log_alpha = F.logsigmoid(torch.randn(batch, m, heads, slots, generator=g) * gate_scale) / 2
+    return [q, k, v, log_alpha]
+
+
+def _states(n_states, heads, dk, dv, slots, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n_states, heads, slots, d, generator=g) for d in (dk, dv)]
+
+
+def _run(fn, dtype, xs, states, **kw):
+    """Outputs, final state and gradients of a fixed random projection of both."""
+    xs = [x.to(dtype).detach().requires_grad_() for x in xs]
+    states = None if states is None else [s.to(dtype).detach().requires_grad_() for s in states]
+    o, final = fn(*xs, initial_state=states, output_final_state=True, **kw)
+    g = torch.Generator().manual_seed(2)
+    loss = (o * torch.randn(o.shape, generator=g, dtype=torch.float64).to(dtype)).sum()
+    loss = loss + sum((s * torch.randn(s.shape, generator=g, dtype=torch.float64).to(s.dtype)).sum() for s in final)
+    loss.backward()
+    grads = [x.grad for x in xs] + ([] if states is None else [s.grad for s in states])
+    return [o, *final, *grads]
+
+
+def _assert_matches_reference(xs, states=None, **kw):
+    names = ["o", "K~_T", "V~_T", "dq", "dk", "dv", "dlog_alpha", "dK~_0", "dV~_0"]
+    fast = _run(chunk_gsa_attn, torch.float32, xs, states, **kw)
+    ref = _run(reference_gsa_attn, torch.float64, xs, states, **kw)
+    for name, a, b in zip(names, fast, ref):
+        assert a.dtype == torch.float32 and a.shape == b.shape, name
+        error = ((a.double() - b).abs().max() / b.abs().max()).item()
+        assert error <= TOL, f"{name}: relative error {error:.2e}"
+
+
+def test_causal_three_chunks_with_states():
+    """T = 150: three chunks, a partial last chunk and sub-chunk; states in and out."""
+    xs = _inputs(1, 150, 150, heads=2)
+    _assert_matches_reference(xs, _states(1, 2, 12, 20, 5))
+
+
+def test_causal_batch_odd_sizes_and_padding():
+    xs = _inputs(2, 70, 70, dk=9, dv=17, slots=19, seed=3)
+    mask = torch.ones(2, 70, dtype=torch.bool)
+    mask[0, 5] = mask[0, 40:44] = False
+    mask[1, 50:] = False
+    _assert_matches_reference(xs, _states(2, 1, 9, 17, 19), kv_mask=mask)
+
+
+def test_causal_extreme_gates_stay_finite():
+    """Gates down to exp(-40) per step: every decay inside a chunk is exp(<= 0)."""
+    xs = _inputs(1, 40, 40, seed=4)
+    g = torch.Generator().manual_seed(5)
+    xs[3] = -40 * torch.rand(xs[3].shape, generator=g) ** 4
+    _assert_matches_reference(xs)
+
+
+def test_noncausal_self_with_padding():
+    xs = _inputs(2, 37, 37, seed=6)
+    mask = torch.ones(2, 37, dtype=torch.bool)
+    mask[1, 30:] = mask[0, 0] = False
+    _assert_matches_reference(xs, _states(2, 1, 12, 20, 5), causal=False, kv_mask=mask)
+
+
+@pytest.mark.parametrize("n,m", [(21, 34), (34, 21)])
+def test_causal_cross(n, m):
+    xs = _inputs(2, n, m, seed=7)
+    mask = torch.ones(2, m, dtype=torch.bool)
+    mask[1, m - 4:] = False
+    _assert_matches_reference(xs, _states(2, 1, 12, 20, 5), cross=True, kv_mask=mask)
+
+
+def test_noncausal_cross():
+    xs = _inputs(2, 19, 26, seed=8)
+    _assert_matches_reference(xs, _states(2, 1, 12, 20, 5), causal=False, cross=True)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_packed_sequences(causal):
+    """cu_seqlens: sequences of 5, 17 and 50 packed in batch 1, one initial state each."""
+    cu = torch.tensor([0, 5, 22, 72])
+    xs = _inputs(1, 72, 72, seed=9)
+    _assert_matches_reference(xs, _states(3, 1, 12, 20, 5), causal=causal, cu_seqlens=cu)
+
+
+def test_packed_equals_separate_runs():
+    cu = [0, 23, 30, 47]
+    xs = _inputs(1, 47, 47, seed=10)
+    packed, final = chunk_gsa_attn(*xs, cu_seqlens=torch.tensor(cu), output_final_state=True)
+    for i, (a, b) in enumerate(zip(cu, cu[1:])):
+        alone, alone_final = chunk_gsa_attn(*(x[:, a:b] for x in xs), output_final_state=True)
+        torch.testing.assert_close(packed[:, a:b], alone, rtol=0, atol=1e-5)
+        torch.testing.assert_close(final[0][i], alone_final[0][0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(final[1][i], alone_final[1][0], rtol=0, atol=1e-5)
+
+
+def test_decode_steps_match_reference():
+    q, k, v, log_alpha = _inputs(2, 6, 6, heads=2, seed=11)
+    state = _states(2, 2, 12, 20, 5)
+    ref, ref_final = reference_gsa_attn(
+        *(x.double() for x in (q, k, v, log_alpha)), initial_state=[s.double() for s in state],
+        output_final_state=True)
+    outputs = []
+    for t in range(6):
+        o, state = recurrent_gsa_step(q[:, t], k[:, t], v[:, t], log_alpha[:, t], state)
+        outputs.append(o)
+    torch.testing.assert_close(torch.stack(outputs, 1).double(), ref, rtol=0, atol=TOL * ref.abs().max().item())
+    for s, r in zip(state, ref_final):
+        assert s.dtype == torch.float32
+        torch.testing.assert_close(s.double(), r, rtol=0, atol=TOL * r.abs().max().item())
+
+
+def test_uncovered_cases_raise_not_implemented():
+    xs = _inputs(1, 4, 4, dk=130)
+    with pytest.raises(NotImplementedError, match="dk=130"):
+        chunk_gsa_attn(*xs)
+    with pytest.raises(NotImplementedError, match="float64"):
+        chunk_gsa_attn(*(x.double() for x in _inputs(1, 4, 4)))
