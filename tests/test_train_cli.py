@@ -293,6 +293,18 @@ def test_a_bad_data_file_is_one_line_and_the_command_can_be_repeated(tiny_task, 
     assert OmegaConf.load(run_dir / "config.yaml").data.path == str(data)
 
 
+def test_trainer_from_the_config(tiny_task, tmp_path):
+    cfg = lavo_tasks.config.compose(["task=tiny", "trainer.max_steps=9", "optim.grad_clip=0.5",
+                                     "trainer.limit_val_batches=3"])
+    trainer = lavo_tasks.runner.build_trainer(cfg, tmp_path, fitting=True)
+    assert trainer.max_steps == 9 and trainer.limit_val_batches == 3 and trainer.val_check_interval == 3
+    assert trainer.precision == "32-true"  # precision: auto, no GPU here
+    assert trainer.gradient_clip_val == 0.5
+    cfg = lavo_tasks.config.compose(["task=tiny", "optim.grad_clip=0", "trainer.precision=bf16-mixed"])
+    trainer = lavo_tasks.runner.build_trainer(cfg, tmp_path, fitting=True)
+    assert trainer.gradient_clip_val is None and trainer.precision == "bf16-mixed"
+
+
 def test_trainer_keys_are_checked_by_lightning_before_any_work(tiny_task, tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert train.main(["task=tiny", f"run.dir={run_dir}", "trainer.precision=17-mixed"]) == 2
