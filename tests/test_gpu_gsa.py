@@ -28,9 +28,9 @@ def _inputs(batch, n, m, heads, dk, dv, slots, seed=0):
     return [x.to(torch.bfloat16) for x in (q, k, v, la)]
 
 
-def _run(backend, xs, states, **kw):
+def _run(backend, xs, states, dtype=None, **kw):
     """o, final state and gradients of a random projection of both."""
-    dtype = torch.bfloat16 if backend == "triton" else torch.float32
+    dtype = dtype or (torch.bfloat16 if backend == "triton" else torch.float32)
     xs = [x.to(dtype).detach().requires_grad_() for x in xs]
     states = None if states is None else [s.detach().clone().requires_grad_() for s in states]
     o, final = gsa_attn(*xs, initial_state=states, output_final_state=True, backend=backend, **kw)
@@ -42,12 +42,12 @@ def _run(backend, xs, states, **kw):
     return [o, *final, *grads]
 
 
-def _compare(xs, states=None, **kw):
+def _compare(xs, states=None, dtype=torch.bfloat16, tol=TOL, **kw):
     names = ["o", "K~_T", "V~_T", "dq", "dk", "dv", "dlog_alpha", "dK~_0", "dV~_0"]
-    fast = _run("triton", xs, states, **kw)
+    fast = _run("triton", xs, states, dtype, **kw)
     ref = _run("torch", xs, states, **kw)
     errors = {n: _rel_rms(a, b) for n, a, b in zip(names, fast, ref)}
-    assert all(e <= TOL for e in errors.values()), " ".join(f"{n}={e:.1e}" for n, e in errors.items())
+    assert all(e <= tol for e in errors.values()), " ".join(f"{n}={e:.1e}" for n, e in errors.items())
 
 
 @pytest.mark.parametrize("length,dim", [(8192, 64), (4096, 128), (1000, 64)])
@@ -55,6 +55,13 @@ def test_causal_bf16_matches_fp32_torch_path(length, dim):
     xs = _inputs(2, length, length, 4, dim, dim, 64)
     states = [torch.randn(2, 4, 64, dim, device="cuda") * 0.5 for _ in range(2)]
     _compare(xs, states)
+
+
+def test_causal_fp32_matches_fp32_torch_path():
+    """fp32 inputs run fp32 ("ieee") dots: near-fp32 agreement at 8K."""
+    xs = _inputs(1, 8192, 8192, 2, 64, 64, 64)
+    states = [torch.randn(1, 2, 64, 64, device="cuda") * 0.5 for _ in range(2)]
+    _compare(xs, states, dtype=torch.float32, tol=1e-4)
 
 
 @pytest.mark.parametrize("causal,cross,n,m", [(False, False, 1500, 1500), (True, True, 700, 1300),

@@ -71,8 +71,25 @@ def _breakdown(fn, xs, label, out_dir):
     with open(os.path.join(out_dir, f"profile_{label}.txt"), "w") as f:
         f.write(table)
     print(label)
+    if label.startswith("gsa"):
+        _print_resources()
     for event in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:10]:
         print(f"  {event.device_time_total / 1000:8.3f} ms  x{event.count:<3d} {event.key[:70]}")
+
+
+def _print_resources():
+    """Registers, spills and shared memory of every compiled GSA kernel variant."""
+    from lavo_tasks.kernels.gsa import chunk_kernels
+
+    for name in dir(chunk_kernels):
+        fn = getattr(chunk_kernels, name)
+        if not name.endswith("_kernel") or not hasattr(fn, "device_caches"):
+            continue
+        for caches in fn.device_caches.values():
+            for kernel in caches[0].values():
+                kernel._init_handles()
+                print(f"  {name}: regs {kernel.n_regs} spills {kernel.n_spills} shared {kernel.metadata.shared}"
+                      f" warps {kernel.metadata.num_warps} stages {kernel.metadata.num_stages}")
 
 
 def main():
