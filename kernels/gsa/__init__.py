@@ -85,8 +85,8 @@ def gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, initia
              output_final_state=False, kv_mask=None, cu_seqlens=None, backend="auto"):
     """Gated slot attention over whole sequences, any of the patterns CS NS CC NC.
 
-    q [B,T,H,dk]; k [B,S,H,dk]; v [B,S,H,dv]; log_alpha [B,S,H,M] (<= 0; the write
-    weight is s = 1 - exp(log_alpha)); kv_mask [B,S] bool, True = real position (in
+    q [B,T,H,dk]; k [B,S,H,dk]; v [B,S,H,dv]; log_alpha [B,S,H,M] (<= 0, not checked:
+    that would cost a device sync; the write weight is s = 1 - exp(log_alpha)); kv_mask [B,S] bool, True = real position (in
     self-attention it also zeroes the padded queries' outputs); cu_seqlens [N+1] packs N
     self-attention sequences in batch 1 (FlashAttention convention), each run alone.
     initial_state (K~ [B,H,M,dk], V~ [B,H,M,dv], B = N with cu_seqlens) seeds the
@@ -116,7 +116,8 @@ def gsa_decode_step(q, k, v, log_alpha, state, *, scale=None, backend="auto"):
     """One decode step: write (k, v, log_alpha) into the state, then read it with q.
 
     q [B,H,dk]; k [B,H,dk]; v [B,H,dv]; log_alpha [B,H,M]; state (K~ [B,H,M,dk],
-    V~ [B,H,M,dv]) in fp32. Returns (o [B,H,dv] in q's dtype, new state in fp32).
+    V~ [B,H,M,dv]) in fp32. Returns (o [B,H,dv] in q's dtype, new state in fp32; fp64 for
+    fp64 inputs on the PyTorch path).
     """
     _check_tensor("q", q, 3, "[B,H,dk]")
     _check_tensor("k", k, 3, "[B,H,dk]")
