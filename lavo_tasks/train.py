@@ -33,8 +33,9 @@ def _key_lines(cfg: DictConfig, prefix: str = "") -> list[str]:
 def usage() -> str:
     attention_keys = []
     for name in ATTENTION_NAMES:
-        keys = [k for k in read_yaml(f"attention/{name}.yaml").attention if k != "name"]
-        attention_keys.append(f"  {name}: {', '.join(f'attention.{k}' for k in keys) or '(no keys)'}")
+        group = read_yaml(f"attention/{name}.yaml").attention
+        keys = [f"attention.{key}={value}" for key, value in group.items() if key != "name"]
+        attention_keys.append(f"  {name}: {' '.join(keys) or '(no keys)'}")
     return "\n".join([
         "usage: python -m lavo_tasks.train [task=NAME] [attention=NAME] [key=value ...]",
         "",
@@ -51,7 +52,11 @@ def usage() -> str:
         "",
         "examples:",
         "  python -m lavo_tasks.train task=lm attention=gsa attention.slots=32 trainer.max_steps=100",
-        "  python -m lavo_tasks.train run.dir=runs/lm/my-run run.resume=last trainer.max_steps=400",
+        "  python -m lavo_tasks.train run.dir=runs/lm/my-run run.resume=last",
+        "",
+        "run.resume=last continues a stopped run from checkpoints/last.ckpt exactly as if it had",
+        "not stopped; with a larger trainer.max_steps it extends a run (the learning-rate",
+        "schedule then follows the new length).",
     ])
 
 
