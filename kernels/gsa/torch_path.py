@@ -78,7 +78,7 @@ def _causal_scan(q, k, v, log_alpha, state_k, state_v, scale):
     write = -torch.expm1(log_alpha)  # s = 1 - alpha
     causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
     # decay[t, j, i] * s_j[i] for j <= t, else 0: [B,H,n,C,C,M]
-    exponent = (cum[..., :, None, :] - cum[..., None, :, :]).masked_fill(~causal[:, :, None], float("-inf"))
+    exponent = (cum[..., :, None, :] - cum[..., None, :, :]).masked_fill_(~causal[:, :, None], float("-inf"))
     decayed_write = torch.exp(exponent) * write[..., None, :, :]
 
     # Chunk summaries: what each chunk adds to the state, and how it decays the state.
