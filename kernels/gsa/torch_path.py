@@ -77,8 +77,9 @@ def _causal_scan(q, k, v, log_alpha, state_k, state_v, scale):
     cum = log_alpha.cumsum(dim=-2)  # A_t, inclusive, from the chunk start: [B,H,n,C,M]
     write = -torch.expm1(log_alpha)  # s = 1 - alpha
     causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
-    # decay[t, j, i] * s_j[i] for j <= t, else 0: [B,H,n,C,C,M]
-    exponent = (cum[..., :, None, :] - cum[..., None, :, :]).masked_fill_(~causal[:, :, None], float("-inf"))
+    # decay[t, j, i] * s_j[i] for j <= t, else 0: [B,H,n,C,C,M]. (A_t + (-A_j): the
+    # backward then negates the small [B,H,n,C,M] gradient, not the big one.)
+    exponent = (cum[..., :, None, :] + (-cum)[..., None, :, :]).masked_fill_(~causal[:, :, None], float("-inf"))
     decayed_write = torch.exp(exponent) * write[..., None, :, :]
 
     # Chunk summaries: what each chunk adds to the state, and how it decays the state.
