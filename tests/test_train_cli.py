@@ -23,7 +23,7 @@ import lavo_tasks.runner
 import lavo_tasks.tasks
 from lavo_tasks import evaluate, train
 from lavo_tasks.data import StepBatchSampler
-from lavo_tasks.errors import DataError
+from lavo_tasks.errors import ConfigError, DataError
 from lavo_tasks.module import TaskModule
 
 TINY_YAML = """
@@ -113,7 +113,7 @@ class TinyModule(TaskModule):
 
 def check_tiny_config(cfg):
     if cfg.data.vocab < 2:
-        raise lavo_tasks.config.ConfigError(f"data.vocab={cfg.data.vocab}: must be >= 2")
+        raise ConfigError(f"data.vocab={cfg.data.vocab}: must be >= 2")
 
 
 @pytest.fixture
@@ -250,6 +250,9 @@ def test_evaluate_reproduces_the_test_metrics(tiny_task, tmp_path):
     # The best checkpoint (validation at step 3) is another set of weights.
     best = evaluate.run([f"run.dir={run_dir}", "ckpt=best"])
     assert set(best) == set(trained) and best != trained
+    assert evaluate.run([f"run.dir={run_dir}", f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}"]) == trained
+    with pytest.raises(ConfigError, match=r"ckpt='first': no checkpoint at .*first"):
+        evaluate.run([f"run.dir={run_dir}", "ckpt=first"])
 
 
 def test_a_fresh_run_does_not_overwrite_an_old_one(tiny_task, tmp_path, capsys):
