@@ -83,7 +83,9 @@ class GatedSlotAttention(AttentionBlock):
             check_mask(kv_mask, source, "context_mask" if self.cross else "mask")
             o, _ = gsa_attn(self._queries(x), *self._source(source), causal=self.causal, cross=self.cross,
                             kv_mask=kv_mask, backend=self.backend)
-        y = self.out_proj(self.norm(F.silu(o)).reshape(x.shape))  # [B, T, H, d] -> [B, T, D]
+        # RMSNorm in its weight's dtype (under autocast o may be bf16, the weight fp32)
+        o = self.norm(F.silu(o).to(self.norm.weight.dtype))
+        y = self.out_proj(o.reshape(x.shape))  # [B, T, H, d] -> [B, T, D]
         if mask is not None:
             y = y * mask[..., None]  # padded queries output 0
         return y, state
