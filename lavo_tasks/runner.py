@@ -22,8 +22,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import ConfigError
 from . import tasks
+from .errors import ConfigError
 
 # Shared by the processes of one run: Lightning's DDP launcher starts the other ranks by
 # running the same command again, and they must agree on the default run.dir.

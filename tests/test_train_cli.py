@@ -227,6 +227,13 @@ def test_resume_equals_an_uninterrupted_run(tiny_task, tmp_path, monkeypatch):
     assert {p.name for p in (interrupted / "logs").iterdir()} == {"version_0", "version_1"}
 
 
+def test_a_resumed_run_drops_the_validations_after_its_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": step, "val_loss": 1.0 / step}) + "\n" for step in (3, 6, 9)))
+    lavo_tasks.runner.ValidationLog(path).on_train_start(types.SimpleNamespace(global_step=6), None)
+    assert read_jsonl(path) == [{"step": 3, "val_loss": 1 / 3}, {"step": 6, "val_loss": 1 / 6}]
+
+
 def test_resume_can_raise_max_steps(tiny_task, tmp_path):
     run_dir = tmp_path / "run"
     train.run(["task=tiny", f"run.dir={run_dir}", "trainer.max_steps=4"])
