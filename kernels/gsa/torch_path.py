@@ -1,10 +1,11 @@
 """GSA on the PyTorch path: chunked and vectorised, autograd does the backward.
 
 The recurrence (ATTENTION.md section 2) is two passes of gated linear attention joined
-by the slot softmax. Within a chunk of CHUNK positions both passes use the decay
-D[t, j, i] = exp(A_t[i] - A_j[i]) (j <= t), where A is the cumulative sum of log alpha
-from the chunk start: every exponent is <= 0, so nothing overflows however small the
-gates. Between chunks the states (K~, V~) are carried by a short loop over chunks.
+by the slot softmax; both passes decay a write at j by D[t, j, i] = exp(A_t[i] - A_j[i])
+at the read t >= j, A the cumulative sum of log alpha (in fp32 at least). Every
+exponentiated number is a difference of cumulative sums that is <= 0, so nothing
+overflows however small the gates: see `_causal_scan` for how the pairs (t, j) are split.
+Between chunks the states (K~, V~) are carried by a short loop over chunks.
 
 Inputs are validated by `gsa_attn` / `gsa_decode_step`; these functions assume it.
 Computation is in the promoted dtype of the inputs and at least float32 (float64 stays
@@ -14,7 +15,7 @@ float64); outputs come back in q's dtype, states in the computation dtype.
 import torch
 import torch.nn.functional as F
 
-CHUNK = 8  # positions per chunk: the intra-chunk decay tensor is [CHUNK, CHUNK, M] per chunk
+CHUNK = 16  # positions per chunk (a power of 2); the states are carried from chunk to chunk
 
 
 def read_state(q, state_k, state_v, scale):
@@ -58,11 +59,29 @@ def _carry(state, chunk_decay, chunk_add):
     return torch.stack(entering, dim=2), state
 
 
+def _halves(x, half):
+    """[..., C, X] -> the lower and upper halves of its blocks of 2*half positions,
+    [..., C/(2 half), half, X] each."""
+    return x.reshape(*x.shape[:-2], x.shape[-2] // (2 * half), 2, half, x.shape[-1]).unbind(-3)
+
+
+def _to_upper(x):
+    """Contributions to the upper halves [..., C/(2 half), half, X] -> [..., C, X], zeros in the lower halves."""
+    return torch.stack([torch.zeros_like(x), x], dim=-3).flatten(-4, -2)
+
+
 def _causal_scan(q, k, v, log_alpha, state_k, state_v, scale):
     """CS over aligned positions: query t reads the state after position t.
 
     q, k [B,H,L,dk]; v [B,H,L,dv]; log_alpha [B,H,L,M] (padding already folded in:
     log_alpha = 0 and k = v = 0 at padded positions). Returns (o [B,H,L,dv], (K~, V~)).
+
+    A write at j reaches the read at t >= j decayed by D = exp(A_t - A_j), A the
+    cumulative log alpha. Inside a chunk, a pair j < t is split between the halves of
+    exactly one block of 2h positions (h = CHUNK/2, CHUNK/4, ..., 1); with r the last
+    position of that block's lower half, D = exp(A_t - A_r) exp(A_r - A_j), both exponents
+    <= 0, and the pairs of a block become two small matrix products. j = t has D = 1.
+    Between chunks the same split goes through the carried state.
     """
     batch, heads, length, _ = q.shape
     if length == 0:
@@ -76,11 +95,13 @@ def _causal_scan(q, k, v, log_alpha, state_k, state_v, scale):
     q, k, v, log_alpha = (x.reshape(batch, heads, n_chunks, CHUNK, x.shape[-1]) for x in (q, k, v, log_alpha))
     cum = log_alpha.cumsum(dim=-2)  # A_t, inclusive, from the chunk start: [B,H,n,C,M]
     write = -torch.expm1(log_alpha)  # s = 1 - alpha
-    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
-    # decay[t, j, i] * s_j[i] for j <= t, else 0: [B,H,n,C,C,M]. (A_t + (-A_j): the
-    # backward then negates the small [B,H,n,C,M] gradient, not the big one.)
-    exponent = (cum[..., :, None, :] + (-cum)[..., None, :, :]).masked_fill_(~causal[:, :, None], float("-inf"))
-    decayed_write = torch.exp(exponent) * write[..., None, :, :]
+    blocks = []  # (h, exp(A_t - A_r) on the upper halves, exp(A_r - A_j) s_j on the lower halves)
+    half = CHUNK // 2
+    while half >= 1:
+        (cum_low, cum_up), (write_low, _) = _halves(cum, half), _halves(write, half)
+        ref = cum_low[..., -1:, :]
+        blocks.append((half, torch.exp(cum_up - ref), torch.exp(ref - cum_low) * write_low))
+        half //= 2
 
     # Chunk summaries: what each chunk adds to the state, and how it decays the state.
     to_end = torch.exp(cum[..., -1:, :] - cum) * write  # [B,H,n,C,M]
@@ -90,15 +111,20 @@ def _causal_scan(q, k, v, log_alpha, state_k, state_v, scale):
 
     # Pass 1: slot logits = scale * K~_t q_t.
     before_k, state_k = _carry(state_k, chunk_decay, chunk_k)
-    scores = q @ k.transpose(-1, -2)  # [B,H,n,C,C]
-    logits = (scores[..., None] * decayed_write).sum(-2)
+    logits = (q * k).sum(-1, keepdim=True) * write  # j = t
+    for half, up_decay, low_write in blocks:
+        (_, q_up), (k_low, _) = _halves(q, half), _halves(k, half)
+        logits = logits + _to_upper(up_decay * ((q_up @ k_low.transpose(-1, -2)) @ low_write))
     logits = logits + torch.exp(cum) * torch.einsum("bhnmd,bhntd->bhntm", before_k, q)
     p = torch.softmax(scale * logits, dim=-1)
 
     # Pass 2: o_t = V~_t^T p_t.
     before_v, state_v = _carry(state_v, chunk_decay, chunk_v)
-    weights = (p[..., None, :] * decayed_write).sum(-1)
-    o = weights @ v + torch.einsum("bhntm,bhnmv->bhntv", p * torch.exp(cum), before_v)
+    o = (p * write).sum(-1, keepdim=True) * v  # j = t
+    for half, up_decay, low_write in blocks:
+        (_, p_up), (v_low, _) = _halves(p, half), _halves(v, half)
+        o = o + _to_upper(((p_up * up_decay) @ low_write.transpose(-1, -2)) @ v_low)
+    o = o + torch.einsum("bhntm,bhnmv->bhntv", p * torch.exp(cum), before_v)
     o = o.reshape(batch, heads, n_chunks * CHUNK, -1)[:, :, :length]
     return o, (state_k, state_v)
 
