@@ -223,6 +223,34 @@ def test_greedy_generation_with_decode_states_matches_full_forward(tmp_path, att
     assert torch.equal(logits[:, 6:-1].argmax(-1), new)
 
 
+def state_bytes(state) -> int:
+    """Bytes of every tensor reachable from a decode state (tuples, lists, dataclasses)."""
+    if isinstance(state, torch.Tensor):
+        return state.nbytes
+    if isinstance(state, (tuple, list)):
+        return sum(state_bytes(s) for s in state)
+    if hasattr(state, "__dict__"):
+        return sum(state_bytes(s) for s in vars(state).values())
+    return 0
+
+
+@pytest.mark.parametrize("attention", ATTENTION_NAMES)
+def test_decode_state_size_is_constant_except_the_softmax_kv_cache(tmp_path, attention):
+    model = tiny_model(tmp_path, attention)
+    tokens = torch.randint(257, (1, 48), generator=torch.Generator().manual_seed(4))
+    states = model.init_state(1)
+    sizes = []
+    with torch.no_grad():
+        for chunk in tokens.split(16, dim=1):  # 16, 32, 48 tokens seen (window 4)
+            _, states = model(chunk, states)
+            sizes.append(state_bytes(states))
+    assert sizes[0] > 0
+    if attention in ("lavo", "gsa", "local"):
+        assert sizes[0] == sizes[1] == sizes[2]
+    else:  # softmax keeps a KV cache that grows with the text
+        assert sizes[0] < sizes[1] < sizes[2]
+
+
 def test_sampling_is_seeded_and_respects_top_k(tmp_path):
     model = tiny_model(tmp_path, "softmax")
     prompt = torch.randint(257, (1, 4), generator=torch.Generator().manual_seed(3))
