@@ -2,12 +2,14 @@
 
 The causal scan (CS) is one autograd Function over the kernels of `chunk_kernels.py`:
 
-    forward   _state_fwd_kernel  x2  (K~ and V~ at every chunk start, sequential over chunks)
-              _output_fwd_kernel     (per sub-chunk: logits, slot softmax, value read)
-    backward  _query_bwd_kernel      (per sub-chunk: p, dz, dq, query part of the gate grad)
-              _state_bwd_kernel  x2  (state gradients at every chunk end, right to left)
-              _key_bwd_kernel        (per sub-chunk: dk, dv, ds, key part of the gate grad)
-              _gate_grad_kernel      (reverse cumulative sum into d log_alpha)
+    forward   _chunk_write_kernel      x2  (per chunk: what it adds to K~ / V~; b = cumsum of g)
+              _state_scan_kernel       x2  (K~, V~ at every chunk start: scan over chunks)
+              _output_fwd_kernel           (per sub-chunk: logits, slot softmax, value read)
+    backward  _query_bwd_kernel            (per sub-chunk: p, dz, dq, query part of the gate grad)
+              _chunk_read_grad_kernel  x2  (per chunk: its reads' gradient of its start state)
+              _state_scan_kernel       x2  (state gradients at every chunk end: reverse scan)
+              _key_bwd_kernel              (per sub-chunk: dk, dv, ds, key part of the gate grad)
+              _gate_grad_kernel            (reverse cumulative sum into d log_alpha)
 
 The other patterns reuse it: NS runs it on the sequences reversed too, CC runs it with
 the target queries over the source and reads the final source state for queries past the
@@ -29,7 +31,13 @@ from .torch_path import read_state
 
 BT = 64  # positions per chunk (a state is kept at every chunk start)
 BC = 16  # positions per sub-chunk (one program of the per-position kernels)
-BD_STATE = 32  # state columns per program of the state scans
+BD_STATE = 32  # state columns per program of the chunk write / read-gradient kernels
+SCAN_ROWS, SCAN_COLS = 8, 64  # state tile per program of the scans over chunks
+GATE_SLOTS = 16  # slots per program of the log-gate gradient's reverse cumulative sum
+# Inside a sub-chunk, pairs (t, j) go through one matrix product with a reference row
+# (factors up to exp(SPAN)) unless some slot's gates decay by more than exp(-SPAN) across
+# the sub-chunk; then the kernels take exp(b_t - b_j) one row at a time (exact, slower).
+SPAN = 30.0
 MAX_DIM = 128  # above this the per-sub-chunk kernels need more shared memory than an H200 has
 # Triton's interpreter (numpy 2) cannot run `for` loops with run-time bounds; the
 # sequential scans then use `while` loops, which the compiler does not software-pipeline.
@@ -41,21 +49,26 @@ def _layout(lengths: tuple, device: torch.device):
     """Index tables of the packed sequences (int64, on `device`).
 
     cu [NS+1]: first token of each sequence; coff [NS+1]: first chunk of each sequence;
-    sub [NSUB, 4]: per sub-chunk (first row, its chunk's first row, chunk index,
-    sequence end). Returns (cu, coff, sub, number of chunks, number of sub-chunks).
+    chunks [NC, 2]: per chunk (first row, sequence end); sub [NSUB, 4]: per sub-chunk
+    (first row, its chunk's first row, chunk index, sequence end).
+    Returns (cu, coff, chunks, sub, number of chunks, number of sub-chunks).
     """
     lens = torch.tensor(lengths, dtype=torch.int64)
     zero = torch.zeros(1, dtype=torch.int64)
     cu = torch.cat([zero, lens.cumsum(0)])
     n_chunks = (lens + BT - 1) // BT
     coff = torch.cat([zero, n_chunks.cumsum(0)])
+    chunk_seq = torch.repeat_interleave(torch.arange(len(lengths)), n_chunks)
+    chunk_local = torch.arange(int(n_chunks.sum())) - torch.repeat_interleave(coff[:-1], n_chunks)
+    chunks = torch.stack([cu[chunk_seq] + chunk_local * BT, cu[chunk_seq + 1]], 1)
     n_sub = (lens + BC - 1) // BC
     seq = torch.repeat_interleave(torch.arange(len(lengths)), n_sub)
     local = torch.arange(int(n_sub.sum())) - torch.repeat_interleave(n_sub.cumsum(0) - n_sub, n_sub)
     chunk_local = local * BC // BT
     sub = torch.stack([cu[seq] + local * BC, cu[seq] + chunk_local * BT, coff[seq] + chunk_local, cu[seq + 1]], 1)
     to = dict(dtype=torch.int64, device=device)  # int64 offsets: no overflow at any length
-    return cu.to(**to), coff.to(**to), sub.contiguous().to(**to), int(coff[-1]), int(sub.shape[0])
+    return (cu.to(**to), coff.to(**to), chunks.contiguous().to(**to), sub.contiguous().to(**to),
+            int(coff[-1]), int(sub.shape[0]))
 
 
 def _block(n: int) -> int:
@@ -69,7 +82,8 @@ class _Config:
         self.BK, self.BV, self.BM = _block(dk), _block(dv), _block(slots)
         self.BDK, self.BDV = min(self.BK, BD_STATE), min(self.BV, BD_STATE)
         self.warps = 4 if self.BM * max(self.BK, self.BV) <= 64 * 64 else 8
-        self.prec = "ieee" if dtype == torch.float32 else "tf32"
+        # tf32 alone loses the log-gate gradient (a difference of large sums) for bf16 inputs
+        self.prec = "ieee" if dtype == torch.float32 else "tf32x3"
 
 
 class _CausalGSA(torch.autograd.Function):
@@ -80,7 +94,7 @@ class _CausalGSA(torch.autograd.Function):
     def forward(ctx, q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
         n_tok, heads, dk = q.shape
         dv, slots = v.shape[-1], g.shape[-1]
-        cu, coff, sub, n_chunks, n_sub = _layout(lengths, q.device)
+        cu, coff, chunks, sub, n_chunks, n_sub = _layout(lengths, q.device)
         n_seq = len(lengths)
         cfg = _Config(dk, dv, slots, q.dtype)
         f32 = dict(dtype=torch.float32, device=q.device)
@@ -90,17 +104,20 @@ class _CausalGSA(torch.autograd.Function):
         hk = torch.empty(n_seq, heads, slots, dk, **f32) if output_final_state else sk
         hv = torch.empty(n_seq, heads, slots, dv, **f32) if output_final_state else sv
         has_h0 = h0k is not None
+        gsum = torch.empty(n_chunks, heads, slots, **f32)
         for x, h0, states, ht, d, bd, first in ((k, h0k, sk, hk, dk, cfg.BDK, True),
                                                 (v, h0v, sv, hv, dv, cfg.BDV, False)):
-            K._state_fwd_kernel[(n_seq * heads, triton.cdiv(d, bd))](
-                x, g, b, h0 if has_h0 else states, states, ht, cu, coff, heads, slots, d,
-                HAS_H0=has_h0, STORE_FINAL=output_final_state, WRITE_B=first,
-                BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec, WHILE_LOOPS=WHILE_LOOPS, num_warps=4)
+            K._chunk_write_kernel[(n_chunks, heads, triton.cdiv(d, bd))](
+                x, g, b, gsum, states, chunks, heads, slots, d,
+                WRITE_B=first, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec, num_warps=4)
+            _scan(states, gsum, h0 if has_h0 else None, ht if output_final_state else None, coff, cfg, d,
+                  n_seq, heads, slots, reverse=False)
         o = torch.empty(n_tok, heads, dv, dtype=q.dtype, device=q.device)
         K._output_fwd_kernel[(n_sub, heads)](
             q, k, v, g, b, sk, sv, o, sub, scale, heads, slots, dk, dv,
-            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, num_warps=cfg.warps)
-        ctx.save_for_backward(q, k, v, g, b, sk, sv, hk, hv)
+            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SPAN=SPAN,
+            num_warps=cfg.warps)
+        ctx.save_for_backward(q, k, v, g, b, gsum, sk, sv, hk, hv)
         ctx.scale, ctx.lengths, ctx.has_h0, ctx.cfg = scale, lengths, has_h0, cfg
         ctx.output_final_state = output_final_state
         if not output_final_state:
@@ -109,18 +126,19 @@ class _CausalGSA(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dhk, dhv):
-        q, k, v, g, b, sk, sv, hk, hv = ctx.saved_tensors
+        q, k, v, g, b, gsum, sk, sv, hk, hv = ctx.saved_tensors
         scale, lengths, cfg = ctx.scale, ctx.lengths, ctx.cfg
         n_tok, heads, dk = q.shape
         dv, slots = v.shape[-1], g.shape[-1]
-        cu, coff, sub, n_chunks, n_sub = _layout(lengths, q.device)
+        cu, coff, chunks, sub, n_chunks, n_sub = _layout(lengths, q.device)
         n_seq = len(lengths)
         do = do.contiguous()
         p, dz, dgate = torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
         dq = torch.empty_like(q)
         K._query_bwd_kernel[(n_sub, heads)](
             q, k, v, g, b, sk, sv, do, sub, p, dz, dq, dgate, scale, heads, slots, dk, dv,
-            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, num_warps=cfg.warps)
+            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SPAN=SPAN,
+            num_warps=cfg.warps)
 
         has_dht = ctx.output_final_state and (dhk is not None or dhv is not None)
         if has_dht:
@@ -132,24 +150,35 @@ class _CausalGSA(torch.autograd.Function):
         dh0v = torch.empty(n_seq, heads, slots, dv, **f32)
         for w, x, dht, dnext, dh0, d, bd, sc in ((dz, q, dhk, dnk, dh0k, dk, cfg.BDK, scale),
                                                  (p, do, dhv, dnv, dh0v, dv, cfg.BDV, 1.0)):
-            K._state_bwd_kernel[(n_seq * heads, triton.cdiv(d, bd))](
-                w, x, b, dht if has_dht else dnext, dnext, dh0, cu, coff, sc, heads, slots, d,
-                HAS_DHT=has_dht, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec, WHILE_LOOPS=WHILE_LOOPS, num_warps=4)
+            K._chunk_read_grad_kernel[(n_chunks, heads, triton.cdiv(d, bd))](
+                w, x, b, dnext, chunks, sc, heads, slots, d, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec, num_warps=4)
+            _scan(dnext, gsum, dht if has_dht else None, dh0, coff, cfg, d, n_seq, heads, slots, reverse=True)
 
         dk_, dv_, dg = torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
         K._key_bwd_kernel[(n_sub, heads)](
             q, k, v, g, b, do, p, dz, dnk, dnv, sub, dk_, dv_, dgate, dg, scale, heads, slots, dk, dv,
-            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, num_warps=cfg.warps)
+            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SPAN=SPAN,
+            num_warps=cfg.warps)
         # the final state is a read at each sequence's last row: its share of the gate grad
         if has_dht:
             carry = (dhk * hk).sum(-1) + (dhv * hv).sum(-1)
         else:
             carry = torch.zeros(n_seq, heads, slots, **f32)
-        K._gate_grad_kernel[(n_seq * heads,)](dgate, dg, carry, cu, heads, slots, BT=BT, BM=cfg.BM,
-                                              WHILE_LOOPS=WHILE_LOOPS, num_warps=4)
+        K._gate_grad_kernel[(n_seq * heads, triton.cdiv(slots, GATE_SLOTS))](
+            dgate, dg, carry, cu, heads, slots, BT=BT, BM=GATE_SLOTS, WHILE_LOOPS=WHILE_LOOPS, num_warps=4)
         if not ctx.has_h0:
             dh0k = dh0v = None
         return dq, dk_, dv_, dg, dh0k, dh0v, None, None, None
+
+
+def _scan(buf, gsum, init, last, coff, cfg, d, n_seq, heads, slots, *, reverse):
+    """Run `_state_scan_kernel` over [SCAN_ROWS, SCAN_COLS] tiles of the [M, d] states."""
+    cols = min(SCAN_COLS, triton.next_power_of_2(d))
+    tiles = triton.cdiv(slots, SCAN_ROWS) * triton.cdiv(d, cols)
+    K._state_scan_kernel[(n_seq * heads, tiles)](
+        buf, gsum, buf if init is None else init, buf if last is None else last, coff, heads, slots, d,
+        HAS_INIT=init is not None, STORE_LAST=last is not None, REVERSE=int(reverse),
+        BR=SCAN_ROWS, BD=cols, WHILE_LOOPS=WHILE_LOOPS, num_warps=4)
 
 
 def _causal(q, k, v, g, initial_state, output_final_state, lengths, scale):

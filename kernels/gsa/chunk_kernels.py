@@ -27,221 +27,237 @@ import triton.language as tl
 
 
 @triton.jit
-def _state_fwd_step(state, i_c, x_ptr, g_ptr, b_ptr, states_ptr, bos, eos, c_first, i_h, i_d, H, M, D,
-                    WRITE_B: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
-                    PREC: tl.constexpr):
-    """Store the state before chunk i_c of the sequence, return the state after it."""
-    o_t = tl.arange(0, BT)
+def _chunk_write_kernel(
+    x_ptr, g_ptr, b_ptr, gsum_ptr, out_ptr, chunk_ptr, H, M, D,
+    WRITE_B: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
+):
+    """What chunk c writes into the state, columns [i_d*BD, i_d*BD+BD) of one head:
+    out[c] = sum_j diag(s_j exp(G_c - b_j)) 1 x_j^T [M, D], G_c = b at the chunk's last row.
+
+    x is k (for K~) or v (for V~). WRITE_B (first column block only) also stores the
+    chunk-local cumulative sums b of g and G_c (gsum [NC, H, M]).
+    """
+    i_c, i_h, i_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t0 = tl.load(chunk_ptr + 2 * i_c)
+    eos = tl.load(chunk_ptr + 2 * i_c + 1)
+    rows = t0 + tl.arange(0, BT)
     o_m = tl.arange(0, BM)
     o_d = i_d * BD + tl.arange(0, BD)
-    m_m = o_m < M
-    rows = bos + i_c * BT + o_t
     m_t = rows < eos
-    tl.store(states_ptr + ((c_first + i_c) * H + i_h) * M * D + o_m[:, None] * D + o_d[None, :], state,
-             mask=m_m[:, None] & (o_d < D)[None, :])
+    m_m = o_m < M
     m_tm = m_t[:, None] & m_m[None, :]
     p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
     g = tl.load(g_ptr + p_tm, mask=m_tm, other=0.0)
     b = tl.cumsum(g, 0)  # [BT, BM]; rows past the end add 0
-    if WRITE_B:
-        tl.store(b_ptr + p_tm, b, mask=m_tm & (i_d == 0))
     g_last = tl.sum(g, 0)  # [BM] = b at the chunk's last row
+    if WRITE_B:
+        if i_d == 0:
+            tl.store(b_ptr + p_tm, b, mask=m_tm)
+            tl.store(gsum_ptr + (i_c * H + i_h) * M + o_m, g_last, mask=m_m)
     w = (1.0 - tl.exp(g)) * tl.exp(g_last[None, :] - b)  # [BT, BM], s_j decayed to the chunk end
     x = tl.load(x_ptr + (rows[:, None] * H + i_h) * D + o_d[None, :],
                 mask=m_t[:, None] & (o_d < D)[None, :], other=0.0).to(tl.float32)
-    return state * tl.exp(g_last)[:, None] + tl.dot(tl.trans(w), x, input_precision=PREC)
-
-
-@triton.jit
-def _state_fwd_kernel(
-    x_ptr, g_ptr, b_ptr, h0_ptr, states_ptr, ht_ptr, cu_ptr, coff_ptr,
-    H, M, D,
-    HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, WRITE_B: tl.constexpr,
-    BT: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr, WHILE_LOOPS: tl.constexpr,
-):
-    """State before every chunk of one (sequence, head), columns [i_d*BD, i_d*BD+BD).
-
-    S_{c+1} = diag(exp(G_c)) S_c + sum_j diag(s_j exp(G_c - b_j)) 1 x_j^T, G_c = b at the
-    chunk's last row. x is k (for K~) or v (for V~). Writes states[c] = S_c (chunk start),
-    the final state, and (WRITE_B, column block 0) the chunk-local cumsums b of g.
-    """
-    i_nh, i_d = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos = tl.load(cu_ptr + i_n)
-    eos = tl.load(cu_ptr + i_n + 1)
-    c_first = tl.load(coff_ptr + i_n)
-    o_m = tl.arange(0, BM)
-    o_d = i_d * BD + tl.arange(0, BD)
-    m_md = (o_m < M)[:, None] & (o_d < D)[None, :]
-    p_md = o_m[:, None] * D + o_d[None, :]  # offsets inside one [M, D] state
-
-    state = tl.zeros([BM, BD], dtype=tl.float32)
-    if HAS_H0:
-        state = tl.load(h0_ptr + i_nh * M * D + p_md, mask=m_md, other=0.0)
-    n_c = tl.cdiv(eos - bos, BT)
-    if WHILE_LOOPS:
-        i_c = 0
-        while i_c < n_c:
-            state = _state_fwd_step(state, i_c, x_ptr, g_ptr, b_ptr, states_ptr, bos, eos, c_first, i_h, i_d,
-                                    H, M, D, WRITE_B, BT, BM, BD, PREC)
-            i_c += 1
-    else:
-        for i_c in range(0, n_c):
-            state = _state_fwd_step(state, i_c, x_ptr, g_ptr, b_ptr, states_ptr, bos, eos, c_first, i_h, i_d,
-                                    H, M, D, WRITE_B, BT, BM, BD, PREC)
-    if STORE_FINAL:
-        tl.store(ht_ptr + i_nh * M * D + p_md, state, mask=m_md)
-
-
-@triton.jit
-def _state_bwd_step(dstate, i_c, w_ptr, x_ptr, b_ptr, dnext_ptr, bos, eos, c_first, i_h, i_d, scale, H, M, D,
-                    BT: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
-    """Store the gradient of the state after chunk i_c, return that of the state before it."""
-    o_t = tl.arange(0, BT)
-    o_m = tl.arange(0, BM)
-    o_d = i_d * BD + tl.arange(0, BD)
-    m_m = o_m < M
-    t0 = bos + i_c * BT
-    rows = t0 + o_t
-    m_t = rows < eos
-    tl.store(dnext_ptr + ((c_first + i_c) * H + i_h) * M * D + o_m[:, None] * D + o_d[None, :], dstate,
+    out = tl.dot(tl.trans(w), x, input_precision=PREC)
+    tl.store(out_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * D + o_d[None, :], out,
              mask=m_m[:, None] & (o_d < D)[None, :])
+
+
+@triton.jit
+def _chunk_read_grad_kernel(
+    w_ptr, x_ptr, b_ptr, out_ptr, chunk_ptr, scale, H, M, D,
+    BT: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
+):
+    """Gradient of chunk c's start state from the chunk's own reads, columns of one head:
+    out[c] = scale * (w_c * exp(b_c))^T x_c [M, D]; (w, x) is (dz, q) for K~, (p, do) for V~."""
+    i_c, i_h, i_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t0 = tl.load(chunk_ptr + 2 * i_c)
+    eos = tl.load(chunk_ptr + 2 * i_c + 1)
+    rows = t0 + tl.arange(0, BT)
+    o_m = tl.arange(0, BM)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_t = rows < eos
+    m_m = o_m < M
     m_tm = m_t[:, None] & m_m[None, :]
     p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
-    b = tl.load(b_ptr + p_tm, mask=m_tm, other=0.0)
-    last = tl.minimum(t0 + BT, eos) - 1
-    g_last = tl.load(b_ptr + (last * H + i_h) * M + o_m, mask=m_m, other=0.0)
-    w = tl.load(w_ptr + p_tm, mask=m_tm, other=0.0) * tl.exp(b)
+    w = tl.load(w_ptr + p_tm, mask=m_tm, other=0.0) * tl.exp(tl.load(b_ptr + p_tm, mask=m_tm, other=0.0))
     x = tl.load(x_ptr + (rows[:, None] * H + i_h) * D + o_d[None, :],
                 mask=m_t[:, None] & (o_d < D)[None, :], other=0.0).to(tl.float32)
-    return dstate * tl.exp(g_last)[:, None] + scale * tl.dot(tl.trans(w), x, input_precision=PREC)
+    out = scale * tl.dot(tl.trans(w), x, input_precision=PREC)
+    tl.store(out_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * D + o_d[None, :], out,
+             mask=m_m[:, None] & (o_d < D)[None, :])
 
 
 @triton.jit
-def _state_bwd_kernel(
-    w_ptr, x_ptr, b_ptr, dht_ptr, dnext_ptr, dh0_ptr, cu_ptr, coff_ptr,
-    scale, H, M, D,
-    HAS_DHT: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
-    WHILE_LOOPS: tl.constexpr,
+def _scan_step(state, i_c, buf_ptr, gsum_ptr, c_first, i_h, H, M, D, o_r, o_d, m_rd):
+    """buf[c] holds what chunk c adds; replace it by the running state, return the next."""
+    p = ((c_first + i_c) * H + i_h) * M * D + o_r[:, None] * D + o_d[None, :]
+    add = tl.load(buf_ptr + p, mask=m_rd, other=0.0)
+    decay = tl.exp(tl.load(gsum_ptr + ((c_first + i_c) * H + i_h) * M + o_r, mask=o_r < M, other=0.0))
+    tl.store(buf_ptr + p, state, mask=m_rd)
+    return decay[:, None] * state + add
+
+
+@triton.jit
+def _state_scan_kernel(
+    buf_ptr, gsum_ptr, init_ptr, last_ptr, coff_ptr, H, M, D,
+    HAS_INIT: tl.constexpr, STORE_LAST: tl.constexpr, REVERSE: tl.constexpr,  # REVERSE: 0 or 1
+    BR: tl.constexpr, BD: tl.constexpr, WHILE_LOOPS: tl.constexpr,
 ):
-    """Gradient of the state at every chunk end, right to left (mirror of the forward).
+    """S <- diag(exp(G_c)) S + buf[c] over the chunks of one (sequence, head), on a
+    [BR, BD] tile of the [M, D] state, buf[c] replaced in place by the S it met.
 
-    dS_c = scale * (w_c * exp(b_c))^T x_c + diag(exp(G_c)) dS_{c+1}, starting from the
-    final state's gradient. (w, x) is (dz, q) for K~ and (p, do) for V~. Writes
-    dnext[c] = dS_{c+1} (what chunk c's keys need) and dh0 = dS_0.
+    Forward (REVERSE=False): buf holds the chunk writes, becomes the chunk-start states;
+    init = initial state, last = final state. Backward (REVERSE=True): buf holds the
+    gradients of the chunk-start states from each chunk's reads, becomes the gradients of
+    the chunk-end states; init = final state's gradient, last = initial state's gradient.
     """
-    i_nh, i_d = tl.program_id(0), tl.program_id(1)
+    i_nh, i_tile = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
-    bos = tl.load(cu_ptr + i_n)
-    eos = tl.load(cu_ptr + i_n + 1)
+    n_d = tl.cdiv(D, BD)
+    o_r = (i_tile // n_d) * BR + tl.arange(0, BR)
+    o_d = (i_tile % n_d) * BD + tl.arange(0, BD)
+    m_rd = (o_r < M)[:, None] & (o_d < D)[None, :]
+    p_rd = i_nh * M * D + o_r[:, None] * D + o_d[None, :]
     c_first = tl.load(coff_ptr + i_n)
-    o_m = tl.arange(0, BM)
-    o_d = i_d * BD + tl.arange(0, BD)
-    m_md = (o_m < M)[:, None] & (o_d < D)[None, :]
-    p_md = o_m[:, None] * D + o_d[None, :]
-
-    dstate = tl.zeros([BM, BD], dtype=tl.float32)
-    if HAS_DHT:
-        dstate = tl.load(dht_ptr + i_nh * M * D + p_md, mask=m_md, other=0.0)
-    n_c = tl.cdiv(eos - bos, BT)
+    n_c = tl.load(coff_ptr + i_n + 1) - c_first
+    state = tl.zeros([BR, BD], dtype=tl.float32)
+    if HAS_INIT:
+        state = tl.load(init_ptr + p_rd, mask=m_rd, other=0.0)
     if WHILE_LOOPS:
-        i_c = n_c - 1
-        while i_c >= 0:
-            dstate = _state_bwd_step(dstate, i_c, w_ptr, x_ptr, b_ptr, dnext_ptr, bos, eos, c_first, i_h, i_d,
-                                     scale, H, M, D, BT, BM, BD, PREC)
-            i_c -= 1
+        i = 0
+        while i < n_c:
+            i_c = i + REVERSE * (n_c - 1 - 2 * i)
+            state = _scan_step(state, i_c, buf_ptr, gsum_ptr, c_first, i_h, H, M, D, o_r, o_d, m_rd)
+            i += 1
     else:
         for i in range(0, n_c):
-            dstate = _state_bwd_step(dstate, n_c - 1 - i, w_ptr, x_ptr, b_ptr, dnext_ptr, bos, eos, c_first, i_h,
-                                     i_d, scale, H, M, D, BT, BM, BD, PREC)
-    tl.store(dh0_ptr + i_nh * M * D + p_md, dstate, mask=m_md)
+            i_c = i + REVERSE * (n_c - 1 - 2 * i)
+            state = _scan_step(state, i_c, buf_ptr, gsum_ptr, c_first, i_h, H, M, D, o_r, o_d, m_rd)
+    if STORE_LAST:
+        tl.store(last_ptr + p_rd, state, mask=m_rd)
+
+
+@triton.jit
+def _load_rows(ptr, rows, m_t, i_h, H, D, BD: tl.constexpr):
+    """Rows `rows` of head i_h of a [N, H, D] tensor -> [len(rows), BD] fp32 (0 where not m_t)."""
+    o_d = tl.arange(0, BD)
+    return tl.load(ptr + (rows[:, None] * H + i_h) * D + o_d[None, :],
+                   mask=m_t[:, None] & (o_d < D)[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _diagonal_span(b_i, b_r):
+    """min over a sub-chunk's rows and slots of b_t - b_r (<= 0): how far its gates decay."""
+    return tl.min(tl.min(b_i - b_r[None, :], 1), 0)
 
 
 @triton.jit
 def _read_slots(x_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT: tl.constexpr,
-                BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+                BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
+                SPAN: tl.constexpr):
     """Slot-side read of one sub-chunk (rows r..r+BC): [BC, BM] with entry (t, m) =
     exp(b_t) (s0 x_t)_m + sum_{c0 <= j <= t} s_j,m exp(b_t,m - b_j,m) (x_t . y_j).
 
     (x, y, s0) = (q, k, K~0) gives the slot logits before scaling, (do, v, V~0) the
     gradient of the probabilities. x_i [BC, BD]; s0 [BM, BD]; b_i [BC, BM].
+    Pairs inside the sub-chunk use the reference row r too (one matrix product) when the
+    gates decay by less than exp(-SPAN) across it, else one key row at a time.
     """
     o_c = tl.arange(0, BC)
     o_m = tl.arange(0, BM)
-    o_d = tl.arange(0, BD)
     m_m = o_m < M
     out = tl.dot(x_i, tl.trans(s0), input_precision=PREC) * tl.exp(b_i)
     b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m, other=0.0)
     acc = tl.zeros([BC, BM], dtype=tl.float32)
     for jj in tl.static_range(BT // BC - 1):  # earlier sub-chunks of the chunk (all rows valid)
         j0 = c0 + jj * BC
-        rows_j = j0 + o_c
         if j0 < r:
-            y_j = tl.load(y_ptr + (rows_j[:, None] * H + i_h) * D + o_d[None, :],
-                          mask=(o_d < D)[None, :], other=0.0).to(tl.float32)
+            rows_j = j0 + o_c
+            y_j = _load_rows(y_ptr, rows_j, rows_j < eos, i_h, H, D, BD)
             p_jm = (rows_j[:, None] * H + i_h) * M + o_m[None, :]
             g_j = tl.load(g_ptr + p_jm, mask=m_m[None, :], other=0.0)
             b_j = tl.load(b_ptr + p_jm, mask=m_m[None, :], other=0.0)
             a = tl.dot(x_i, tl.trans(y_j), input_precision=PREC)  # [BC, BC]
             w = (1.0 - tl.exp(g_j)) * tl.exp(b_r[None, :] - b_j)
             acc += tl.dot(a, w, input_precision=PREC)
-    out += acc * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))  # rows past the end: b_i = 0
-    for jj in range(0, BC):  # keys of the sub-chunk itself (past the end: s = 0, y = 0)
-        t = r + jj
-        y_t = tl.load(y_ptr + (t * H + i_h) * D + o_d, mask=(o_d < D) & (t < eos), other=0.0).to(tl.float32)
-        g_t = tl.load(g_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
-        b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
-        a = tl.sum(x_i * y_t[None, :], 1)  # [BC]
-        decay = tl.exp(tl.minimum(b_i - b_t[None, :], 0.0))
-        out += tl.where((o_c >= jj)[:, None], a[:, None] * (1.0 - tl.exp(g_t))[None, :] * decay, 0.0)
+    rows = r + o_c
+    m_t = rows < eos
+    if _diagonal_span(b_i, b_r) > -SPAN:  # the sub-chunk itself, as one product (rows past the end: s = 0)
+        y_s = _load_rows(y_ptr, rows, m_t, i_h, H, D, BD)
+        g_s = tl.load(g_ptr + (rows[:, None] * H + i_h) * M + o_m[None, :], mask=m_t[:, None] & m_m[None, :],
+                      other=0.0)
+        a = tl.where(o_c[:, None] >= o_c[None, :], tl.dot(x_i, tl.trans(y_s), input_precision=PREC), 0.0)
+        acc += tl.dot(a, (1.0 - tl.exp(g_s)) * tl.exp(b_r[None, :] - b_i), input_precision=PREC)
+        out += acc * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))  # rows past the end: b_i = 0
+    else:
+        out += acc * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))
+        o_d = tl.arange(0, BD)
+        for kk in range(0, BC):  # one key row at a time, exp(b_t - b_j) directly
+            t = r + kk
+            y_t = tl.load(y_ptr + (t * H + i_h) * D + o_d, mask=(o_d < D) & (t < eos), other=0.0).to(tl.float32)
+            g_t = tl.load(g_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+            b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+            a = tl.sum(x_i * y_t[None, :], 1)  # [BC]
+            decay = tl.exp(tl.minimum(b_i - b_t[None, :], 0.0))
+            out += tl.where((o_c >= kk)[:, None], a[:, None] * (1.0 - tl.exp(g_t))[None, :] * decay, 0.0)
     return out
 
 
 @triton.jit
 def _read_values(w_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT: tl.constexpr,
-                 BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+                 BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
+                 SPAN: tl.constexpr):
     """Value-side read of one sub-chunk: [BC, BD] with row t =
     (w_t * exp(b_t)) s0 + sum_{c0 <= j <= t} (sum_m w_t,m s_j,m exp(b_t,m - b_j,m)) y_j.
 
     (w, y, s0) = (p, v, V~0) gives the output, (dz, k, K~0) the query gradient (before
-    scaling). w_i [BC, BM]; s0 [BM, BD]; b_i [BC, BM].
+    scaling). w_i [BC, BM]; s0 [BM, BD]; b_i [BC, BM]. Diagonal as in `_read_slots`.
     """
     o_c = tl.arange(0, BC)
     o_m = tl.arange(0, BM)
-    o_d = tl.arange(0, BD)
     m_m = o_m < M
     out = tl.dot(w_i * tl.exp(b_i), s0, input_precision=PREC)
     b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m, other=0.0)
     w_r = w_i * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))  # rows past the end: b_i = 0
     for jj in tl.static_range(BT // BC - 1):
         j0 = c0 + jj * BC
-        rows_j = j0 + o_c
         if j0 < r:
-            y_j = tl.load(y_ptr + (rows_j[:, None] * H + i_h) * D + o_d[None, :],
-                          mask=(o_d < D)[None, :], other=0.0).to(tl.float32)
+            rows_j = j0 + o_c
+            y_j = _load_rows(y_ptr, rows_j, rows_j < eos, i_h, H, D, BD)
             p_jm = (rows_j[:, None] * H + i_h) * M + o_m[None, :]
             g_j = tl.load(g_ptr + p_jm, mask=m_m[None, :], other=0.0)
             b_j = tl.load(b_ptr + p_jm, mask=m_m[None, :], other=0.0)
             key = (1.0 - tl.exp(g_j)) * tl.exp(b_r[None, :] - b_j)
             a = tl.dot(w_r, tl.trans(key), input_precision=PREC)  # [BC, BC]
             out += tl.dot(a, y_j, input_precision=PREC)
-    for jj in range(0, BC):
-        t = r + jj
-        y_t = tl.load(y_ptr + (t * H + i_h) * D + o_d, mask=(o_d < D) & (t < eos), other=0.0).to(tl.float32)
-        g_t = tl.load(g_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
-        b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
-        decay = tl.exp(tl.minimum(b_i - b_t[None, :], 0.0))
-        col = tl.sum(w_i * (1.0 - tl.exp(g_t))[None, :] * decay, 1)  # [BC]
-        col = tl.where(o_c >= jj, col, 0.0)
-        out += col[:, None] * y_t[None, :]
+    rows = r + o_c
+    m_t = rows < eos
+    if _diagonal_span(b_i, b_r) > -SPAN:
+        y_s = _load_rows(y_ptr, rows, m_t, i_h, H, D, BD)
+        g_s = tl.load(g_ptr + (rows[:, None] * H + i_h) * M + o_m[None, :], mask=m_t[:, None] & m_m[None, :],
+                      other=0.0)
+        key = (1.0 - tl.exp(g_s)) * tl.exp(b_r[None, :] - b_i)
+        a = tl.where(o_c[:, None] >= o_c[None, :], tl.dot(w_r, tl.trans(key), input_precision=PREC), 0.0)
+        out += tl.dot(a, y_s, input_precision=PREC)
+    else:
+        o_d = tl.arange(0, BD)
+        for kk in range(0, BC):
+            t = r + kk
+            y_t = tl.load(y_ptr + (t * H + i_h) * D + o_d, mask=(o_d < D) & (t < eos), other=0.0).to(tl.float32)
+            g_t = tl.load(g_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+            b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+            decay = tl.exp(tl.minimum(b_i - b_t[None, :], 0.0))
+            col = tl.sum(w_i * (1.0 - tl.exp(g_t))[None, :] * decay, 1)  # [BC]
+            col = tl.where(o_c >= kk, col, 0.0)
+            out += col[:, None] * y_t[None, :]
     return out
 
 
 @triton.jit
 def _slot_probs(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, scale, BT: tl.constexpr,
-                BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+                BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, SPAN: tl.constexpr):
     """Scaled slot logits z [BC, BM] (-inf on padded slots) and their softmax p."""
-    z = _read_slots(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC) * scale
+    z = _read_slots(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC, SPAN) * scale
     z = tl.where((tl.arange(0, BM) < M)[None, :], z, float("-inf"))
     e = tl.exp(z - tl.max(z, 1)[:, None])
     return z, e / tl.sum(e, 1)[:, None]
@@ -259,7 +275,7 @@ def _output_fwd_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sk_ptr, sv_ptr, o_ptr, sub_ptr,
     scale, H, M, DK, DV,
     BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, SPAN: tl.constexpr,
 ):
     """Output of one sub-chunk: slot logits, softmax, value read, all in registers."""
     i_s, i_h = tl.program_id(0), tl.program_id(1)
@@ -277,10 +293,10 @@ def _output_fwd_kernel(
                   mask=m_t[:, None] & m_m[None, :], other=0.0)
     sk = tl.load(sk_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DK + o_k[None, :],
                  mask=m_m[:, None] & (o_k < DK)[None, :], other=0.0)
+    _, p = _slot_probs(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, scale, BT, BC, BM, BK, PREC, SPAN)
     sv = tl.load(sv_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DV + o_v[None, :],
                  mask=m_m[:, None] & (o_v < DV)[None, :], other=0.0)
-    _, p = _slot_probs(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, scale, BT, BC, BM, BK, PREC)
-    o = _read_values(p, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC)
+    o = _read_values(p, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC, SPAN)
     tl.store(o_ptr + (rows[:, None] * H + i_h) * DV + o_v[None, :], o.to(o_ptr.dtype.element_ty),
              mask=m_t[:, None] & (o_v < DV)[None, :])
 
@@ -291,7 +307,7 @@ def _query_bwd_kernel(
     p_ptr, dz_ptr, dq_ptr, dgate_ptr,
     scale, H, M, DK, DV,
     BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, SPAN: tl.constexpr,
 ):
     """Query side of the backward for one sub-chunk.
 
@@ -319,10 +335,10 @@ def _query_bwd_kernel(
                  mask=m_m[:, None] & (o_k < DK)[None, :], other=0.0)
     sv = tl.load(sv_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DV + o_v[None, :],
                  mask=m_m[:, None] & (o_v < DV)[None, :], other=0.0)
-    z, p = _slot_probs(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, scale, BT, BC, BM, BK, PREC)
-    dp = _read_slots(do_i, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC)
+    z, p = _slot_probs(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, scale, BT, BC, BM, BK, PREC, SPAN)
+    dp = _read_slots(do_i, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC, SPAN)
     dz = p * (dp - tl.sum(p * dp, 1)[:, None])
-    dq = _read_values(dz, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC) * scale
+    dq = _read_values(dz, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC, SPAN) * scale
     dgate = tl.where(m_m[None, :], z * dz, 0.0) + p * dp
     tl.store(p_ptr + p_tm, p, mask=m_tm)
     tl.store(dz_ptr + p_tm, dz, mask=m_tm)
@@ -337,7 +353,7 @@ def _key_bwd_kernel(
     dk_ptr, dv_ptr, dgate_ptr, dg_ptr,
     scale, H, M, DK, DV,
     BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, SPAN: tl.constexpr,
 ):
     """Key side of the backward for one sub-chunk of keys j.
 
@@ -414,24 +430,43 @@ def _key_bwd_kernel(
     dv += acc_v
     ds += acc_s * tl.exp(tl.minimum(b_r[None, :] - b_j, 0.0))
 
-    # through the queries of the sub-chunk itself (query row t >= key row j)
-    for tt in range(0, BC):  # past the end: q = do = dz = p = 0
-        t = j0 + tt
-        ok = t < eos
-        q_t = tl.load(q_ptr + (t * H + i_h) * DK + o_k, mask=m_k & ok, other=0.0).to(tl.float32)
-        do_t = tl.load(do_ptr + (t * H + i_h) * DV + o_v, mask=m_v & ok, other=0.0).to(tl.float32)
-        b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
-        dz_t = tl.load(dz_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
-        p_t = tl.load(p_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
-        decay = tl.where((o_c <= tt)[:, None], tl.exp(tl.minimum(b_t[None, :] - b_j, 0.0)), 0.0)
-        s_decay = s_j * decay
-        w1 = tl.sum(dz_t[None, :] * s_decay, 1)  # [BC_j]
-        w2 = tl.sum(p_t[None, :] * s_decay, 1)
-        dk += scale * w1[:, None] * q_t[None, :]
-        dv += w2[:, None] * do_t[None, :]
-        a = tl.sum(k_j * q_t[None, :], 1)
-        d = tl.sum(v_j * do_t[None, :], 1)
-        ds += decay * (scale * a[:, None] * dz_t[None, :] + d[:, None] * p_t[None, :])
+    # through the queries of the sub-chunk itself (query row t >= key row j), reference row j0
+    b_0 = tl.load(b_ptr + (j0 * H + i_h) * M + o_m, mask=m_m, other=0.0)
+    if _diagonal_span(b_j, b_0) > -SPAN:  # one product per term (rows past the end: q = do = dz = p = 0)
+        decay = tl.exp(tl.minimum(b_j - b_0[None, :], 0.0))  # query side, rows t
+        dz_s = tl.load(dz_ptr + p_tm, mask=m_tm, other=0.0) * decay
+        p_s = tl.load(p_ptr + p_tm, mask=m_tm, other=0.0) * decay
+        q_s = _load_rows(q_ptr, rows, m_t, i_h, H, DK, BK)
+        do_s = _load_rows(do_ptr, rows, m_t, i_h, H, DV, BV)
+        key = s_j * tl.exp(b_0[None, :] - b_j)
+        t_ge_j = o_c[:, None] >= o_c[None, :]  # [t, j]
+        w1 = tl.where(t_ge_j, tl.dot(dz_s, tl.trans(key), input_precision=PREC), 0.0)
+        w2 = tl.where(t_ge_j, tl.dot(p_s, tl.trans(key), input_precision=PREC), 0.0)
+        dk += scale * tl.dot(tl.trans(w1), q_s, input_precision=PREC)
+        dv += tl.dot(tl.trans(w2), do_s, input_precision=PREC)
+        j_le_t = o_c[:, None] <= o_c[None, :]  # [j, t]
+        a = tl.where(j_le_t, tl.dot(k_j, tl.trans(q_s), input_precision=PREC), 0.0)
+        d = tl.where(j_le_t, tl.dot(v_j, tl.trans(do_s), input_precision=PREC), 0.0)
+        ds += tl.exp(b_0[None, :] - b_j) * (scale * tl.dot(a, dz_s, input_precision=PREC)
+                                            + tl.dot(d, p_s, input_precision=PREC))
+    else:  # one query row at a time, exp(b_t - b_j) directly
+        for tt in range(0, BC):  # past the end: q = do = dz = p = 0
+            t = j0 + tt
+            ok = t < eos
+            q_t = tl.load(q_ptr + (t * H + i_h) * DK + o_k, mask=m_k & ok, other=0.0).to(tl.float32)
+            do_t = tl.load(do_ptr + (t * H + i_h) * DV + o_v, mask=m_v & ok, other=0.0).to(tl.float32)
+            b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
+            dz_t = tl.load(dz_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
+            p_t = tl.load(p_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
+            decay = tl.where((o_c <= tt)[:, None], tl.exp(tl.minimum(b_t[None, :] - b_j, 0.0)), 0.0)
+            s_decay = s_j * decay
+            w1 = tl.sum(dz_t[None, :] * s_decay, 1)  # [BC_j]
+            w2 = tl.sum(p_t[None, :] * s_decay, 1)
+            dk += scale * w1[:, None] * q_t[None, :]
+            dv += w2[:, None] * do_t[None, :]
+            a = tl.sum(k_j * q_t[None, :], 1)
+            d = tl.sum(v_j * do_t[None, :], 1)
+            ds += decay * (scale * a[:, None] * dz_t[None, :] + d[:, None] * p_t[None, :])
 
     tl.store(dk_ptr + (rows[:, None] * H + i_h) * DK + o_k[None, :], dk.to(dk_ptr.dtype.element_ty),
              mask=m_t[:, None] & m_k[None, :])
@@ -443,9 +478,8 @@ def _key_bwd_kernel(
 
 
 @triton.jit
-def _gate_grad_step(carry, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, BT: tl.constexpr, BM: tl.constexpr):
+def _gate_grad_step(carry, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT: tl.constexpr):
     """dg += reverse cumulative sum of dgate over chunk i_c, plus what follows it (carry)."""
-    o_m = tl.arange(0, BM)
     rows = bos + i_c * BT + tl.arange(0, BT)
     m_tm = (rows < eos)[:, None] & (o_m < M)[None, :]
     p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
@@ -458,25 +492,26 @@ def _gate_grad_step(carry, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, BT: tl.c
 @triton.jit
 def _gate_grad_kernel(dgate_ptr, dg_ptr, carry_ptr, cu_ptr, H, M, BT: tl.constexpr, BM: tl.constexpr,
                       WHILE_LOOPS: tl.constexpr):
-    """dg_t += carry + sum_{t' >= t in the sequence} dgate_t' (log-gate gradient).
+    """dg_t += carry + sum_{t' >= t in the sequence} dgate_t' (log-gate gradient), for
+    slots [i_m*BM, i_m*BM+BM) of one (sequence, head).
 
     dgate_t' is the gradient with respect to the cumulative log-gate G_t' = sum of g up to
     t' (every term of the recurrence carries exp(G_t' - G_j)), so it reaches every g_t
     with t <= t' of the same sequence. `carry` [NS, H, M] is the final state's share
     (the final state is a read at the last row).
     """
-    i_nh = tl.program_id(0)
+    i_nh, i_m = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     bos = tl.load(cu_ptr + i_n)
     eos = tl.load(cu_ptr + i_n + 1)
-    o_m = tl.arange(0, BM)
+    o_m = i_m * BM + tl.arange(0, BM)
     carry = tl.load(carry_ptr + i_nh * M + o_m, mask=o_m < M, other=0.0)
     n_c = tl.cdiv(eos - bos, BT)
     if WHILE_LOOPS:
         i_c = n_c - 1
         while i_c >= 0:
-            carry = _gate_grad_step(carry, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, BT, BM)
+            carry = _gate_grad_step(carry, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT)
             i_c -= 1
     else:
         for i in range(0, n_c):
-            carry = _gate_grad_step(carry, n_c - 1 - i, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, BT, BM)
+            carry = _gate_grad_step(carry, n_c - 1 - i, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT)
