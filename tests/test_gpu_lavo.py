@@ -37,7 +37,7 @@ def outputs_and_grads(run, inputs, ref_dtype, grad_out, **options):
 
 
 def compare(inputs, *, ref_dtype, metric, tol, **options):
-    options = dict(segments=1, scale=None, kv_mask=None, cu_seqlens=None, **options)
+    options = {"segments": 1, "scale": None, "kv_mask": None, "cu_seqlens": None, **options}
     grad_out = torch.randn(inputs[0].shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7))
     got = outputs_and_grads(chunk_lavo_attn, inputs, None, grad_out, **options)
     want = outputs_and_grads(torch_lavo_attn, inputs, ref_dtype, grad_out, **options)

@@ -125,3 +125,27 @@ def test_noncausal_cross_is_refused_by_name():
     inputs = make_inputs(1, 8, 8, 1, 8, 4, 4, False, seed=0)
     with pytest.raises(NotImplementedError, match="NC"):
         chunk_lavo_attn(*inputs, window=4, causal=False, cross=True)
+
+
+def test_fp16_inputs_within_half_precision_tolerance():
+    # the half-precision path (memory products on fp16 operands, fp32 accumulation);
+    # the interpreter has no bf16 arithmetic, so bf16 is checked on the GPU (test_gpu_lavo.py)
+    inputs = make_inputs(1, 40, 40, 2, 16, 8, 6, True, seed=21)
+    ours = [x.clone().half().requires_grad_() if i < 3 else x.clone().requires_grad_() for i, x in enumerate(inputs)]
+    ref = [x.detach().clone().double().requires_grad_() for x in ours]
+    out = small_chunks(*ours, **options(6))
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(98)).half()
+    out.backward(grad_out)
+    ref_out = reference_lavo_attn(*ref, **options(6))
+    ref_out.backward(grad_out.double())
+    assert out.dtype == torch.float16
+    pairs = [("output", out, ref_out)] + [(f"d{name}", a.grad, b.grad) for name, a, b in zip(GRAD_NAMES, ours, ref)]
+    for name, got, want in pairs:
+        err = (got.double() - want).norm() / want.norm()
+        assert err <= 5e-3, f"{name}: relative RMS error {err:.2e}"
+
+
+def test_head_dim_over_the_kernel_limit_is_refused():
+    inputs = make_inputs(1, 8, 8, 1, 160, 4, 4, True, seed=0)
+    with pytest.raises(NotImplementedError, match="head dim 160"):
+        chunk_lavo_attn(*inputs, window=4)

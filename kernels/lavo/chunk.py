@@ -19,12 +19,18 @@ import math
 import torch
 import triton
 
-from .chunk_bwd import lavo_dkv_kernel, lavo_dq_kernel
+from .chunk_bwd import lavo_dkv_kernel, lavo_dq_kernel, lavo_mem_bwd_kernel
 from .chunk_fwd import chunk_value_sums_kernel, lavo_fwd_kernel
 
 CHUNK = 64  # positions per chunk: query block = key block = memory chunk
-DQ_GROUP = 8  # query chunks per program of the dq kernel (one dB partial sum each)
-NUM_WARPS = {"fwd": 4, "dq": 8, "dkv": 4}  # per kernel; kernels/lavo/gpu_profile.py times others
+DQ_GROUP = 8  # query chunks per program of the memory backward (one dB partial sum each)
+MAX_HEAD_DIM = 128  # beyond it the basis and the memory's tiles no longer fit on chip (not done)
+# warps per kernel, by padded head dim (chosen from ptxas spill reports and H200 timings;
+# kernels/lavo/gpu_profile.py times variants of the first row)
+NUM_WARPS = {
+    64: {"fwd": 4, "mem_bwd": 8, "dq": 8, "dkv": 8},
+    128: {"fwd": 8, "mem_bwd": 8, "dq": 8, "dkv": 8},
+}
 
 
 def chunk_lavo_attn(
@@ -47,6 +53,10 @@ def lavo_chunked(q, k, v, basis, rel_bias, mem_bias, *, window, causal, cross, s
         raise NotImplementedError("lavo pattern NC (noncausal cross, memory only) has no Triton kernel; use backend='torch'")
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise NotImplementedError(f"q dtype {q.dtype}: the Triton kernels take float32, bfloat16 or float16")
+    if q.shape[-1] > MAX_HEAD_DIM:
+        raise NotImplementedError(
+            f"head dim {q.shape[-1]}: the LAVO Triton kernels take head dims up to {MAX_HEAD_DIM}; use backend='torch'"
+        )
     if q.shape[0] * q.shape[1] == 0:
         return torch.zeros_like(q)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
@@ -138,6 +148,7 @@ class _LavoChunkFn(torch.autograd.Function):
         cnt = _valid_counts(kv_mask, layout) if kv_mask is not None else rho
         meta = _compile_args(q, chunk, noncausal, window, kv_mask, cross)
 
+        warps = NUM_WARPS[max(64, meta["BD"])]
         sums = torch.empty(len(layout.kchunks), heads, d, dtype=torch.float32, device=q.device)
         chunk_value_sums_kernel[(len(layout.kchunks), heads)](
             vf, kvm, sums, layout.kchunks, heads, D=d, BD=meta["BD"], C=chunk, HAS_MASK=meta["HAS_MASK"]
@@ -148,7 +159,7 @@ class _LavoChunkFn(torch.autograd.Function):
         br = max(16, triton.next_power_of_2(rank))
         lavo_fwd_kernel[(len(layout.qchunks), heads)](
             qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, layout.qchunks,
-            heads, rho.shape[1], scale, R=rank, BR=br, num_warps=NUM_WARPS["fwd"], **meta,
+            heads, rho.shape[1], scale, R=rank, BR=br, num_warps=warps["fwd"], **meta,
         )
         ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm)
         ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, br, scale, window)
@@ -161,19 +172,26 @@ class _LavoChunkFn(torch.autograd.Function):
         layout, meta = ctx.layout, ctx.meta
         batch, n, m, heads, d, rank, br, scale, window = ctx.dims
         dof = do.contiguous().view(-1, heads, d)
+        warps = NUM_WARPS[max(64, meta["BD"])]
         nq, nk = len(layout.qchunks), len(layout.kchunks)
         groups = math.ceil(nq / DQ_GROUP)
-        dq = torch.empty_like(qf)
+        f32 = dict(dtype=torch.float32, device=qf.device)
+        dq_mem = torch.empty(qf.shape, **f32)
         delta = torch.empty_like(lse)
+        db_part = torch.empty(groups, heads, rank, d, **f32)
+        dmu_part = torch.empty(groups, heads, **f32)
+        dvl = (torch.zeros if m > n else torch.empty)(vf.shape, **f32)
+        wsum = torch.empty(nq, heads, d, **f32)
+        common = {x: meta[x] for x in ("D", "BD", "C", "NS", "HAS_MASK", "QMASK", "PREC")}
+        lavo_mem_bwd_kernel[(groups, heads)](
+            qf, vf, o, dof, lse, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, delta, db_part, dmu_part, dvl, wsum,
+            heads, nq, scale, R=rank, BR=br, GROUP=DQ_GROUP, num_warps=warps["mem_bwd"], **common,
+        )
+        dq = torch.empty_like(qf)
         drho = torch.zeros_like(rho)
-        db_part = torch.empty(groups, heads, rank, d, dtype=torch.float32, device=qf.device)
-        dmu_part = torch.empty(groups, heads, dtype=torch.float32, device=qf.device)
-        dvl = (torch.zeros if m > n else torch.empty)(vf.shape, dtype=torch.float32, device=qf.device)
-        wsum = torch.empty(nq, heads, d, dtype=torch.float32, device=qf.device)
-        lavo_dq_kernel[(groups, heads)](
-            qf, kf, vf, o, dof, lse, bas, rho, mu, pre, cnt, kvm, layout.qchunks,
-            dq, delta, drho, db_part, dmu_part, dvl, wsum,
-            heads, rho.shape[1], nq, scale, R=rank, BR=br, GROUP=DQ_GROUP, num_warps=NUM_WARPS["dq"], **meta,
+        lavo_dq_kernel[(nq, heads)](
+            qf, kf, vf, dof, lse, delta, rho, kvm, layout.qchunks, dq_mem, dq, drho, heads, rho.shape[1], scale,
+            num_warps=warps["dq"], **meta,
         )
         suf = _range_sums(wsum, layout.suf_hi, layout.suf_lo)  # [key chunks, H, d]
         # CC, target longer than the source: query blocks past the source (a power of 2,
@@ -183,7 +201,7 @@ class _LavoChunkFn(torch.autograd.Function):
         dv = torch.empty_like(vf)
         lavo_dkv_kernel[(nk, heads)](
             qf, kf, vf, dof, lse, delta, rho, kvm, layout.kchunks, dvl, suf, dk, dv,
-            heads, rho.shape[1], scale, NQB=meta["NKB"], TAIL=tail, num_warps=NUM_WARPS["dkv"],
+            heads, rho.shape[1], scale, NQB=meta["NKB"], TAIL=tail, num_warps=warps["dkv"],
             **{x: meta[x] for x in _DKV_META},
         )
         basis_dtype, rho_dtype, mu_dtype, mu_shape = ctx.param_dtypes

@@ -10,17 +10,17 @@ Per query t (log-sum-exp `lse` saved by the forward, Delta_t = dO_t . o_t):
   dv_j += sum over queries t whose set holds j of dvbar_t / count_t, a reverse
   cumulative sum (causal) or one sum (NS).
 
-`lavo_dq_kernel` (one program per group of query chunks and head) does the query side:
-Delta, dq, the dB / dmu partial sums of its group, drho by atomic adds, and for the
-reverse cumulative sum the in-chunk part per key row (DVL) plus the chunk total (WSUM).
-The caller turns WSUM into per-key-chunk suffix sums (SUF); `lavo_dkv_kernel` (one
-program per key chunk and head) then does the window dk, dv and adds DVL + SUF.
+Three kernels, in this order: `lavo_mem_bwd_kernel` (the memory, query side),
+`lavo_dq_kernel` (the window's dq and drho) and `lavo_dkv_kernel` (the window's dk, dv,
+plus the memory's reverse cumulative sum: its in-chunk part DVL and the per-key-chunk
+suffix sums SUF, which the caller makes from the chunk totals WSUM). The memory and the
+window have separate kernels to keep each one's live registers small.
 """
 
 import triton
 import triton.language as tl
 
-from .chunk_common import key_valid, load_basis, load_chunk, load_rows, memory_mean, store_rows, window_logits
+from .chunk_common import key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, store_rows, window_logits
 
 
 @triton.jit
@@ -41,22 +41,25 @@ def _bias_grad(DRHO, ds, h, NB, base, C: tl.constexpr):
 
 
 @triton.jit
-def lavo_dq_kernel(
-    Q, K, V, O, DO, LSE, BAS, RHO, MU, PRE, CNT, KVM, CHUNKS,
-    DQ, DELTA, DRHO, DB_PART, DMU_PART, DVL, WSUM,
-    H, NB, n_chunks, scale,
+def lavo_mem_bwd_kernel(
+    Q, V, O, DO, LSE, BAS, MU, PRE, CNT, KVM, CHUNKS,
+    DQM, DELTA, DB_PART, DMU_PART, DVL, WSUM,
+    H, n_chunks, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, C: tl.constexpr, GROUP: tl.constexpr,
-    WINDOW: tl.constexpr, NKB: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr,
-    QMASK: tl.constexpr, PREC: tl.constexpr,
+    NS: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
 ):
+    """The memory's backward, one program per GROUP query chunks and head: Delta, the
+    memory part of dq (fp32, DQM), the group's dB and dmu partial sums, and the parts of
+    the reverse cumulative sum (DVL per key row in the chunk, WSUM per chunk)."""
+    DT: tl.constexpr = Q.dtype.element_ty
     gid = tl.program_id(0)
     h = tl.program_id(1)
     rr = tl.arange(0, BR)
     dd = tl.arange(0, BD)
-    basis = load_basis(BAS, h, R, D, BR, BD)  # [BR, BD]
+    basis = load_basis(BAS, h, R, D, BR, BD).to(DT)  # [BR, BD]
     mu = tl.load(MU + h)
     db_acc = tl.zeros([BR, BD], tl.float32)
-    dmu_acc = tl.zeros([C, BR], tl.float32)
+    dmu_acc = 0.0
     for i in range(GROUP):
         cid = gid * GROUP + i
         if cid < n_chunks:
@@ -66,72 +69,87 @@ def lavo_dq_kernel(
             if QMASK:  # a padded query has no output, so no gradient flows from it
                 t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
             tt = tl.minimum(t, m - 1)
-            q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
             do = load_rows(DO, q_row0, t, t_ok, h, H, D, BD)
-            o = load_rows(O, q_row0, t, t_ok, h, H, D, BD)
-            lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
-            delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # [C]
+            delta = tl.sum(do.to(tl.float32) * load_rows(O, q_row0, t, t_ok, h, H, D, BD).to(tl.float32), 1)  # [C]
             tl.store(DELTA + (q_row0 + t).to(tl.int64) * H + h, delta, mask=t < n)
-
-            # memory part
-            qf = q.to(tl.float32)
-            dof = do.to(tl.float32)
-            vbar, cnt = memory_mean(V, KVM, CNT, PRE, cid, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, NS, HAS_MASK, PREC)
-            g = tl.dot(qf, tl.trans(basis), input_precision=PREC)  # [C, BR]
-            hm = tl.dot(vbar, tl.trans(basis), input_precision=PREC)  # [C, BR]
-            u = tl.dot(dof, tl.trans(basis), input_precision=PREC)  # [C, BR]
+            lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
+            q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
+            vbar, cnt = memory_mean(V, KVM, CNT, PRE, cid, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, NS, HAS_MASK)
+            g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, BR]
+            hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, BR]
+            u = mem_dot(do, tl.trans(basis), DT, PREC)  # [C, BR]
             e = (scale * hm * g + mu) * 1.4426950408889634
             pm = tl.where((rr < R)[None, :] & t_ok[:, None], tl.exp2(e - lse[:, None]), 0.0)
             de = pm * (hm * u - delta[:, None])
-            dmu_acc += de
+            dmu_acc += tl.sum(tl.sum(de, 1), 0)
             dg = scale * de * hm
             dh = scale * de * g + pm * u
-            dq = tl.dot(dg, basis, input_precision=PREC)  # [C, BD]
-            db_acc += tl.dot(tl.trans(dg), qf, input_precision=PREC)
-            db_acc += tl.dot(tl.trans(pm * hm), dof, input_precision=PREC)
-            db_acc += tl.dot(tl.trans(dh), vbar, input_precision=PREC)
-            dvbar = tl.dot(dh, basis, input_precision=PREC)  # [C, BD]
+            store_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, t, t < n, h, H, D, BD)
+            db_acc += mem_dot(tl.trans(dg), q, DT, PREC)
+            db_acc += mem_dot(tl.trans(pm * hm), do, DT, PREC)
+            db_acc += mem_dot(tl.trans(dh), vbar, DT, PREC)
+            dvbar = mem_dot(dh, basis, DT, PREC)  # [C, BD]
             wv = tl.where((cnt > 0)[:, None], dvbar / tl.maximum(cnt, 1.0)[:, None], 0.0)
             tl.store(WSUM + (cid * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), mask=dd < D)
             if not NS:
                 # in-chunk reverse cumulative sum: dvl[j] = sum over t >= j of wv[t] (rows j = t)
-                upper = (t[:, None] <= t[None, :]).to(tl.float32)  # [j, t]
-                dvl = tl.dot(upper, wv, input_precision=PREC)
+                dvl = tl.cumsum(wv, 0, reverse=True)
                 store_rows(DVL, dvl, kv_row0, t, t < m, h, H, D, BD)
-
-            # window part
-            dq_w = tl.zeros([C, BD], tl.float32)
-            if NS:
-                lo = tl.maximum(c * C - HALF, 0)
-                hi = tl.minimum(c * C + C - 1 + HALF, m - 1)
-            else:
-                lo = tl.maximum(tl.minimum(c * C, m - 1) - WINDOW + 1, 0)
-                hi = tl.minimum(c * C + C - 1, m - 1)
-            for b in range(NKB):
-                start = lo - lo % C + b * C
-                if start <= hi:
-                    j = start + tl.arange(0, C)
-                    j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
-                    kb = load_rows(K, kv_row0, j, j_ok, h, H, D, BD)
-                    vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD)
-                    s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)
-                    p = tl.exp2(s - lse[:, None])
-                    dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
-                    ds = tl.where(in_win & t_ok[:, None], p * (dp - delta[:, None]), 0.0)
-                    dq_w += tl.dot(ds.to(kb.dtype), kb, input_precision=PREC)
-                    if NS:
-                        _bias_grad(DRHO, ds, h, NB, c * C - start + HALF, C)
-                    elif (c * C + C - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
-                        _bias_grad(DRHO, ds, h, NB, c * C - start, C)
-                    else:  # CC queries past the source share t' = m - 1: one add per score
-                        tl.atomic_add(DRHO + h * NB + bias_idx, ds, mask=in_win & t_ok[:, None])
-            dq += dq_w * scale
-            store_rows(DQ, dq, q_row0, t, t < n, h, H, D, BD)
 
     rows = tl.arange(0, BR)
     db_offs = ((gid * H + h) * R + rows)[:, None].to(tl.int64) * D + dd[None, :]
     tl.store(DB_PART + db_offs, db_acc, mask=(rows < R)[:, None] & (dd < D)[None, :])
-    tl.store(DMU_PART + gid * H + h, tl.sum(tl.sum(dmu_acc, 1), 0))
+    tl.store(DMU_PART + gid * H + h, dmu_acc)
+
+
+@triton.jit
+def lavo_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, RHO, KVM, CHUNKS, DQM, DQ, DRHO,
+    H, NB, scale,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NKB: tl.constexpr,
+    NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
+):
+    """The window's part of dq (added to the memory's, DQM) and drho; one program per
+    (query chunk, head)."""
+    cid = tl.program_id(0)
+    h = tl.program_id(1)
+    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
+    t = c * C + tl.arange(0, C)
+    t_ok = t < n
+    if QMASK:
+        t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
+    tt = tl.minimum(t, m - 1)
+    q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
+    do = load_rows(DO, q_row0, t, t_ok, h, H, D, BD)
+    lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
+    delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
+    dq = tl.zeros([C, BD], tl.float32)
+    if NS:
+        lo = tl.maximum(c * C - HALF, 0)
+        hi = tl.minimum(c * C + C - 1 + HALF, m - 1)
+    else:
+        lo = tl.maximum(tl.minimum(c * C, m - 1) - WINDOW + 1, 0)
+        hi = tl.minimum(c * C + C - 1, m - 1)
+    for b in range(NKB):
+        start = lo - lo % C + b * C
+        if start <= hi:
+            j = start + tl.arange(0, C)
+            j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
+            kb = load_rows(K, kv_row0, j, j_ok, h, H, D, BD)
+            vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD)
+            s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)
+            p = tl.exp2(s - lse[:, None])
+            dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
+            ds = tl.where(in_win & t_ok[:, None], p * (dp - delta[:, None]), 0.0)
+            dq += tl.dot(ds.to(kb.dtype), kb, input_precision=PREC)
+            if NS:
+                _bias_grad(DRHO, ds, h, NB, c * C - start + HALF, C)
+            elif (c * C + C - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
+                _bias_grad(DRHO, ds, h, NB, c * C - start, C)
+            else:  # CC queries past the source share t' = m - 1: one add per score
+                tl.atomic_add(DRHO + h * NB + bias_idx, ds, mask=in_win & t_ok[:, None])
+    dq = dq * scale + load_rows(DQM, q_row0, t, t < n, h, H, D, BD)
+    store_rows(DQ, dq, q_row0, t, t < n, h, H, D, BD)
 
 
 @triton.jit
@@ -151,7 +169,7 @@ def _dkv_tile(
     do = load_rows(DO, q_row0, t, t_ok, h, H, D, BD)
     lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
     delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
-    s, _, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)  # [t, j]
+    s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)  # [t, j]
     p = tl.where(in_win & t_ok[:, None], tl.exp2(s - lse[:, None]), 0.0)
     dv = tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
     dp = tl.dot(do, tl.trans(vb), input_precision=PREC)

@@ -69,13 +69,13 @@ def load_basis(BAS, h, R: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, BD: t
 @triton.jit
 def memory_mean(
     V, KVM, CNT, PRE, cid, h, H, t, tt, t_ok, kv_row0, m,
-    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr, PREC: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr,
 ):
     """Mean of the values in each query's memory set, vbar [C, BD] fp32, and its count [C].
 
     `PRE` holds, per query chunk and head, the fp32 sum of the values the chunk's
     queries all share: the keys before the chunk (causal) or all keys (NS). Causal
-    queries add the keys of their own chunk up to `t'` with a lower-triangular product.
+    queries add the keys of their own chunk up to `t'` by an fp32 scan.
     A query with an empty memory set gets vbar = 0.
     """
     dd = tl.arange(0, BD)
@@ -88,11 +88,10 @@ def memory_mean(
         csum = pre[None, :] + tl.zeros([C, BD], tl.float32)
     else:
         # the chunk's own keys sit at the same local positions as its queries, j = t
+        # (keys j >= m load as 0, so a clamped query t' = m - 1 gets the same sum)
         j_ok = key_valid(KVM, kv_row0, t, m, HAS_MASK)
         vb = load_rows(V, kv_row0, t, j_ok, h, H, D, BD).to(tl.float32)
-        # lower[t, j] = 1 where key j is in query t's causal set (j <= t'; keys j >= m are 0)
-        lower = (t[None, :] <= t[:, None]).to(tl.float32)
-        csum = pre[None, :] + tl.dot(lower, vb, input_precision=PREC)
+        csum = pre[None, :] + tl.cumsum(vb, 0)
         if HAS_MASK:
             cnt = tl.load(CNT + kv_row0 + tt, mask=t_ok, other=0.0)
         else:
@@ -119,3 +118,10 @@ def window_logits(
     bias = tl.load(RHO + h * NB + delta, mask=ok, other=0.0)
     s = tl.where(ok, (s * scale + bias) * 1.4426950408889634, float("-inf"))
     return s, delta, ok
+
+
+@triton.jit
+def mem_dot(a, b, DT: tl.constexpr, PREC: tl.constexpr):
+    """A product on the memory path: operands in the inputs' dtype DT (bf16/fp16 tensor
+    cores; fp32 inputs stay fp32 with PREC="ieee"), fp32 accumulation."""
+    return tl.dot(a.to(DT), b.to(DT), input_precision=PREC)

@@ -10,7 +10,7 @@ in order; scores never leave the chip. See chunk_common.py for the layout.
 import triton
 import triton.language as tl
 
-from .chunk_common import key_valid, load_basis, load_chunk, load_rows, memory_mean, store_rows, window_logits
+from .chunk_common import key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, store_rows, window_logits
 
 
 @triton.jit
@@ -21,7 +21,7 @@ def chunk_value_sums_kernel(
     """SUMS[chunk, h] = fp32 sum of the valid values of a key chunk."""
     cid = tl.program_id(0)
     h = tl.program_id(1)
-    _, _, kv_row0, m, c = load_chunk(CHUNKS, cid)
+    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
     j = c * C + tl.arange(0, C)
     j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
     vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD).to(tl.float32)
@@ -46,17 +46,18 @@ def lavo_fwd_kernel(
     q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
 
     # memory: r slots h_i b_i with logits scale * h_i (B q)_i + mu
-    basis = load_basis(BAS, h, R, D, BR, BD)  # [BR, BD]
+    DT: tl.constexpr = Q.dtype.element_ty
+    basis = load_basis(BAS, h, R, D, BR, BD).to(DT)  # [BR, BD]
     rr = tl.arange(0, BR)
-    vbar, _ = memory_mean(V, KVM, CNT, PRE, cid, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, NS, HAS_MASK, PREC)
-    g = tl.dot(q.to(tl.float32), tl.trans(basis), input_precision=PREC)  # [C, BR]
-    hm = tl.dot(vbar, tl.trans(basis), input_precision=PREC)  # [C, BR]
+    vbar, cnt = memory_mean(V, KVM, CNT, PRE, cid, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, NS, HAS_MASK)
+    g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, BR]
+    hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, BR]
     e = (scale * hm * g + tl.load(MU + h)) * 1.4426950408889634
     e = tl.where((rr < R)[None, :], e, float("-inf"))
     m_i = tl.max(e, 1)
     pm = tl.exp2(e - m_i[:, None])
     l_i = tl.sum(pm, 1)
-    acc = tl.dot(pm * hm, basis, input_precision=PREC)  # [C, BD]
+    acc = mem_dot(pm * hm, basis, DT, PREC)  # [C, BD]
 
     # window: key blocks covering [lo, hi]
     if NS:
@@ -72,7 +73,7 @@ def lavo_fwd_kernel(
             j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
             kb = load_rows(K, kv_row0, j, j_ok, h, H, D, BD)
             vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD)
-            s, _, _ = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)
+            s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])

@@ -4,7 +4,7 @@
 
 Protocol shape (bf16, H=16, d=64, w=128, r=64, 65,536 tokens per step): for T = 1K and
 8K, forward and forward+backward medians (`triton.testing.do_bench`) for each
-`NUM_WARPS` variant, and one profiler table of the kernels of a forward+backward. The
+`NUM_WARPS[64]` variant, and one profiler table of the kernels of a forward+backward. The
 whole benchmark against SDPA and FlexAttention is `python -m lavo_tasks.bench`.
 """
 
@@ -17,7 +17,11 @@ from triton.testing import do_bench
 from . import chunk
 
 HEADS, DIM, WINDOW, RANK, TOKENS = 16, 64, 128, 64, 65536
-VARIANTS = [{"fwd": 4, "dq": 8, "dkv": 4}, {"fwd": 8, "dq": 8, "dkv": 8}, {"fwd": 4, "dq": 4, "dkv": 4}]
+VARIANTS = [
+    {"fwd": 4, "mem_bwd": 8, "dq": 8, "dkv": 8},
+    {"fwd": 8, "mem_bwd": 8, "dq": 4, "dkv": 4},
+    {"fwd": 4, "mem_bwd": 4, "dq": 4, "dkv": 4},
+]
 
 
 def inputs(T):
@@ -30,7 +34,7 @@ def inputs(T):
 
 
 def time_variant(T, warps):
-    chunk.NUM_WARPS.update(warps)
+    chunk.NUM_WARPS[64].update(warps)
     leaves = inputs(T)
     fwd = lambda: chunk.chunk_lavo_attn(*leaves, window=WINDOW)  # noqa: E731
 
@@ -59,7 +63,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="lavo_profile.jsonl")
     args = parser.parse_args()
-    default = dict(chunk.NUM_WARPS)
+    default = dict(chunk.NUM_WARPS[64])
     rows = []
     with open(args.out, "w") as f:
         for T in (1024, 8192):
@@ -68,7 +72,7 @@ def main():
                 rows.append(row)
                 f.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)
-    chunk.NUM_WARPS.update(default)
+    chunk.NUM_WARPS[64].update(default)
     print(kernel_table(4096))
 
 
