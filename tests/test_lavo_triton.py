@@ -1,4 +1,5 @@
-"""LAVO Triton kernels (kernels/lavo/chunk*.py) against the float64 token-loop reference.
+"""LAVO Triton kernels (kernels/lavo/chunk*.py, recurrent.py) against the float64
+token-loop reference.
 
 On a CPU the kernels run under Triton's interpreter (conftest sets TRITON_INTERPRET=1), so
 the shapes are tiny. Most cases use chunks of 16 positions so that a few dozen tokens
@@ -11,8 +12,9 @@ of the reference tensor's max abs, for the output and every gradient.
 import pytest
 import torch
 
-from lavo_tasks.kernels import lavo_attn
+from lavo_tasks.kernels import LavoDecodeState, lavo_attn, lavo_decode_step
 from lavo_tasks.kernels.lavo.chunk import DQ_GROUP, chunk_lavo_attn, lavo_chunked
+from lavo_tasks.kernels.lavo.recurrent import recurrent_lavo_step
 from lavo_tasks.kernels.lavo.reference import reference_lavo_attn
 
 GRAD_NAMES = ("q", "k", "v", "basis", "rel_bias", "mem_bias")
@@ -149,3 +151,24 @@ def test_head_dim_over_the_kernel_limit_is_refused():
     inputs = make_inputs(1, 8, 8, 1, 160, 4, 4, True, seed=0)
     with pytest.raises(NotImplementedError, match="head dim 160"):
         chunk_lavo_attn(*inputs, window=4)
+
+
+@pytest.mark.parametrize("window", [6, 1, 70])
+def test_decode_steps_match_the_whole_sequence(window):
+    # token by token through the Triton step == the reference on the whole sequence;
+    # the state ends as the PyTorch step leaves it
+    batch, n, heads, dim, rank = 2, 20, 2, 8, 4
+    q, k, v, basis, rel_bias, mem_bias = make_inputs(batch, n, n, heads, dim, rank, window, True, seed=window)
+    want = reference_lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=window).double()
+    states = [LavoDecodeState.empty(batch, heads, dim, rank, window) for _ in range(2)]
+    for t in range(n):
+        step = [x[:, t] for x in (q, k, v)]
+        got, _ = recurrent_lavo_step(*step, basis, rel_bias, mem_bias, states[0], window=window)
+        lavo_decode_step(*step, basis, rel_bias, mem_bias, states[1], window=window, backend="torch")
+        err = (got.double() - want[:, t]).abs().max() / want[:, t].abs().max()
+        assert err <= 1e-4, f"position {t}: relative max error {err:.2e}"
+    triton_state, torch_state = states
+    assert triton_state.count == torch_state.count == n
+    torch.testing.assert_close(triton_state.mem_sum, torch_state.mem_sum, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(triton_state.keys, torch_state.keys, rtol=0, atol=0)
+    torch.testing.assert_close(triton_state.values, torch_state.values, rtol=0, atol=0)
