@@ -46,11 +46,15 @@ def chunk_lavo_attn(
     )
 
 
-def lavo_chunked(q, k, v, basis, rel_bias, mem_bias, *, window, causal, cross, segments, scale, kv_mask, cu_seqlens, chunk):
+def lavo_chunked(
+    q, k, v, basis, rel_bias, mem_bias, *, window, causal, cross, segments, scale, kv_mask, cu_seqlens, chunk
+):
     """`chunk_lavo_attn` with the chunk size as an argument (the tests use small chunks
     so that short sequences still span several)."""
     if cross and not causal:
-        raise NotImplementedError("lavo pattern NC (noncausal cross, memory only) has no Triton kernel; use backend='torch'")
+        raise NotImplementedError(
+            "lavo pattern NC (noncausal cross, memory only) has no Triton kernel; use backend='torch'"
+        )
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise NotImplementedError(f"q dtype {q.dtype}: the Triton kernels take float32, bfloat16 or float16")
     if q.shape[-1] > MAX_HEAD_DIM:
@@ -60,7 +64,9 @@ def lavo_chunked(q, k, v, basis, rel_bias, mem_bias, *, window, causal, cross, s
     if q.shape[0] * q.shape[1] == 0:
         return torch.zeros_like(q)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return _LavoChunkFn.apply(q, k, v, basis, rel_bias, mem_bias, window, causal, cross, scale, kv_mask, cu_seqlens, chunk)
+    return _LavoChunkFn.apply(
+        q, k, v, basis, rel_bias, mem_bias, window, causal, cross, scale, kv_mask, cu_seqlens, chunk
+    )
 
 
 class _Layout:
@@ -92,7 +98,6 @@ class _Layout:
         self.qchunks, self.kchunks = as_tensor(qrows), as_tensor(krows)
         idx = lambda x: torch.tensor(x, dtype=torch.long, device=device)
         self.pre_hi, self.pre_lo, self.suf_hi, self.suf_lo = map(idx, (pre_hi, pre_lo, suf_hi, suf_lo))
-        self.seq_kv_bounds = [(k0, k0 + ms) for _, _, k0, ms in seqs]
 
 
 @functools.lru_cache(maxsize=64)
@@ -107,13 +112,14 @@ def _range_sums(totals, hi, lo):
     return (prefix[hi] - prefix[lo]).float().contiguous()
 
 
-def _valid_counts(kv_mask, layout):
+def _valid_counts(kv_mask, cu_seqlens):
     """Per key row: how many valid keys its sequence has up to and including it (fp32)."""
-    flat = kv_mask.reshape(-1).to(torch.int64)
-    cnt = torch.empty_like(flat)
-    for lo, hi in layout.seq_kv_bounds:
-        cnt[lo:hi] = flat[lo:hi].cumsum(0)
-    return cnt.float()
+    if cu_seqlens is None:
+        return kv_mask.to(torch.int64).cumsum(1).reshape(-1).float()
+    running = kv_mask.reshape(-1).to(torch.int64).cumsum(0)  # over all packed sequences
+    bounds = cu_seqlens.to(device=kv_mask.device, dtype=torch.int64)
+    before = torch.cat([running.new_zeros(1), running])[bounds[:-1]]  # valid keys before each sequence
+    return (running - before.repeat_interleave(bounds.diff())).float()
 
 
 def _compile_args(q, chunk, noncausal, window, kv_mask, cross):
@@ -145,7 +151,7 @@ class _LavoChunkFn(torch.autograd.Function):
         rho = rel_bias.detach().float().contiguous()
         mu = mem_bias.detach().float().reshape(heads).contiguous()
         kvm = kv_mask.reshape(-1).to(torch.uint8) if kv_mask is not None else qf
-        cnt = _valid_counts(kv_mask, layout) if kv_mask is not None else rho
+        cnt = _valid_counts(kv_mask, cu_seqlens) if kv_mask is not None else rho
         meta = _compile_args(q, chunk, noncausal, window, kv_mask, cross)
 
         warps = NUM_WARPS[max(64, meta["BD"])]

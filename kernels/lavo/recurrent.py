@@ -77,6 +77,8 @@ def recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, *, window, sc
     caller): q, k, v [B, H, d] -> (o [B, H, d], state), state updated in place."""
     if state.mem_sum.dtype != torch.float32 or q.dtype == torch.float64:
         raise NotImplementedError("float64 decoding has no Triton kernel; use backend='torch'")
+    if not all(x.is_contiguous() for x in (state.keys, state.values, state.mem_sum)):
+        raise ValueError("state.keys/values/mem_sum: the Triton step updates them in place; they must be contiguous")
     batch, heads, dim = q.shape
     rank = basis.shape[1]
     ring = window - 1
