@@ -72,7 +72,7 @@ def test_causal_self_several_chunks(n, window):
 
 
 def test_causal_self_padding_many_groups():
-    # 3 sequences of 3 chunks: more query chunks than one dq program takes (DQ_GROUP)
+    # 3 sequences of 3 chunks: more query chunks than one memory-backward program takes
     batch, n = 3, 37
     assert batch * 3 > DQ_GROUP
     inputs = make_inputs(batch, n, n, 2, 16, 16, 20, True, seed=5)
@@ -123,10 +123,34 @@ def test_causal_cross(n, m, masked):
     check_against_reference(small_chunks, inputs, **options(6, cross=True, kv_mask=mask))
 
 
-def test_noncausal_cross_is_refused_by_name():
+@pytest.mark.parametrize("n, m, masked", [(40, 23, True), (12, 50, False)])
+def test_noncausal_cross_one_segment(n, m, masked):
+    # memory only; rel_bias=None (NC has no window), mem_bias [H, 1]
+    q, k, v, basis, _, mem_bias = make_inputs(2, n, m, 2, 8, 4, 4, False, seed=n)
+    mask = random_mask(2, m, seed=m, keep_first=False) if masked else None
+    inputs = [q, k, v, basis, None, mem_bias[:, None]]
+    ours = [x.clone().requires_grad_() if x is not None else None for x in inputs]
+    ref = [x.clone().double().requires_grad_() if x is not None else None for x in inputs]
+    opts = options(4, causal=False, cross=True, kv_mask=mask)
+    out = small_chunks(*ours, **opts)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(97))
+    out.backward(grad_out)
+    ref_out = reference_lavo_attn(*ref, **opts)
+    ref_out.backward(grad_out.double())
+    grads = [(f"d{name}", a.grad, b.grad) for name, a, b in zip(GRAD_NAMES, ours, ref) if name in ("q", "v", "basis")]
+    for name, got, want in [("output", out, ref_out)] + grads:
+        err = (got.double() - want).abs().max() / want.abs().max()
+        assert err <= 1e-4, f"{name}: relative max error {err:.2e}"
+    assert ours[1].grad is not None and not ours[1].grad.any()  # the keys take no part in NC
+    # one bias shared by every slot cancels in the softmax: its gradient is 0 up to rounding
+    assert ours[5].grad.shape == (2, 1) and ours[5].grad.abs().max() <= 1e-5 * ours[0].grad.abs().max()
+
+
+def test_noncausal_cross_segments_are_refused_by_name():
     inputs = make_inputs(1, 8, 8, 1, 8, 4, 4, False, seed=0)
-    with pytest.raises(NotImplementedError, match="NC"):
-        chunk_lavo_attn(*inputs, window=4, causal=False, cross=True)
+    inputs[5] = inputs[5][:, None].expand(1, 2).contiguous()
+    with pytest.raises(NotImplementedError, match="NC with segments=2"):
+        chunk_lavo_attn(*inputs[:4], None, inputs[5], window=4, causal=False, cross=True, segments=2)
 
 
 def test_fp16_inputs_within_half_precision_tolerance():

@@ -9,8 +9,9 @@ c = B v) and, backward, the per-chunk totals of the memory gradient. Those prefi
 suffix sums run here over the chunk totals in float64. No n x n, n x w or n x r x d
 tensor is ever written.
 
-Patterns: CS, CC and NS. NC (memory only, with segments) is not done in Triton and
-raises NotImplementedError.
+Patterns: CS, CC, NS, and NC with one segment (the NS memory without a window: the
+window loops run zero times). NC with segments > 1 is not done in Triton and raises
+NotImplementedError.
 """
 
 import functools
@@ -51,9 +52,9 @@ def lavo_chunked(
 ):
     """`chunk_lavo_attn` with the chunk size as an argument (the tests use small chunks
     so that short sequences still span several)."""
-    if cross and not causal:
+    if cross and not causal and segments > 1:
         raise NotImplementedError(
-            "lavo pattern NC (noncausal cross, memory only) has no Triton kernel; use backend='torch'"
+            f"lavo pattern NC with segments={segments}: the Triton kernels take one segment; use backend='torch'"
         )
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise NotImplementedError(f"q dtype {q.dtype}: the Triton kernels take float32, bfloat16 or float16")
@@ -127,9 +128,10 @@ def _compile_args(q, chunk, noncausal, window, kv_mask, cross):
     d = q.shape[-1]
     half = window // 2 if noncausal else 0
     span = 2 * half + chunk if noncausal else window + chunk - 1  # keys one chunk's windows reach
+    no_window = noncausal and cross  # NC: memory only
     return dict(
         D=d, BD=max(16, triton.next_power_of_2(d)), C=chunk, WINDOW=window, NS=noncausal, HALF=half,
-        NKB=(span - 1) // chunk + 2,  # blocks a span of that many positions can touch
+        NKB=0 if no_window else (span - 1) // chunk + 2,  # blocks a span of that many positions can touch
         HAS_MASK=kv_mask is not None, QMASK=kv_mask is not None and not cross,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
     )
@@ -148,7 +150,8 @@ class _LavoChunkFn(torch.autograd.Function):
             layout = _Layout(batch, n, m, cu_seqlens, chunk, noncausal, q.device)
         qf, kf, vf = (x.contiguous().view(-1, heads, d) for x in (q, k, v))  # [rows, H, d]
         bas = basis.detach().float().contiguous()
-        rho = rel_bias.detach().float().contiguous()
+        # NC has no window and may come without rel_bias: a placeholder the kernels never read
+        rho = (rel_bias.detach() if rel_bias is not None else q.new_zeros(heads, 1)).float().contiguous()
         mu = mem_bias.detach().float().reshape(heads).contiguous()
         kvm = kv_mask.reshape(-1).to(torch.uint8) if kv_mask is not None else qf
         cnt = _valid_counts(kv_mask, cu_seqlens) if kv_mask is not None else rho
@@ -169,7 +172,8 @@ class _LavoChunkFn(torch.autograd.Function):
         )
         ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm)
         ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, br, scale, window)
-        ctx.param_dtypes = (basis.dtype, rel_bias.dtype, mem_bias.dtype, mem_bias.shape)
+        ctx.param_dtypes = (basis.dtype, rho.dtype if rel_bias is None else rel_bias.dtype, mem_bias.dtype, mem_bias.shape)
+        ctx.has_rel_bias = rel_bias is not None
         return o.view(q.shape)
 
     @staticmethod
@@ -193,16 +197,19 @@ class _LavoChunkFn(torch.autograd.Function):
             qf, vf, o, dof, lse, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, delta, db_part, dmu_part, dvl, wsum,
             heads, nq, scale, R=rank, BR=br, GROUP=DQ_GROUP, num_warps=warps["mem_bwd"], **common,
         )
-        dq = torch.empty_like(qf)
         drho = torch.zeros_like(rho)
-        lavo_dq_kernel[(nq, heads)](
-            qf, kf, vf, dof, lse, delta, rho, kvm, layout.qchunks, dq_mem, dq, drho, heads, rho.shape[1], scale,
-            num_warps=warps["dq"], **meta,
-        )
+        if meta["NKB"]:
+            dq = torch.empty_like(qf)
+            lavo_dq_kernel[(nq, heads)](
+                qf, kf, vf, dof, lse, delta, rho, kvm, layout.qchunks, dq_mem, dq, drho, heads, rho.shape[1], scale,
+                num_warps=warps["dq"], **meta,
+            )
+        else:  # NC: no window, dq is the memory's alone
+            dq = dq_mem.to(qf.dtype)
         suf = _range_sums(wsum, layout.suf_hi, layout.suf_lo)  # [key chunks, H, d]
         # CC, target longer than the source: query blocks past the source (a power of 2,
         # so that few lengths compile their own kernel)
-        tail = triton.next_power_of_2(math.ceil((n - m) / meta["C"]) + 1) if n > m else 0
+        tail = triton.next_power_of_2(math.ceil((n - m) / meta["C"]) + 1) if n > m and meta["NKB"] else 0
         dk = torch.empty_like(kf)
         dv = torch.empty_like(vf)
         lavo_dkv_kernel[(nk, heads)](
@@ -214,7 +221,7 @@ class _LavoChunkFn(torch.autograd.Function):
         shape_q, shape_k = (batch, n, heads, d), (batch, m, heads, d)
         return (
             dq.view(shape_q), dk.view(shape_k), dv.view(shape_k), db_part.sum(0).to(basis_dtype),
-            drho.to(rho_dtype), dmu_part.sum(0).reshape(mu_shape).to(mu_dtype),
+            drho.to(rho_dtype) if ctx.has_rel_bias else None, dmu_part.sum(0).reshape(mu_shape).to(mu_dtype),
             None, None, None, None, None, None, None,
         )
 
