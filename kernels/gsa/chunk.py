@@ -82,6 +82,8 @@ class _Config:
         self.BK, self.BV, self.BM = _block(dk), _block(dv), _block(slots)
         self.BDK, self.BDV = min(self.BK, BD_STATE), min(self.BV, BD_STATE)
         self.warps = 4 if self.BM * max(self.BK, self.BV) <= 64 * 64 else 8
+        # the key-side backward holds the most tiles: 4 warps spilled 352 values on an H200
+        self.key_warps = 8
         # tf32 alone loses the log-gate gradient (a difference of large sums) for bf16 inputs
         self.prec = "ieee" if dtype == torch.float32 else "tf32x3"
 
@@ -105,13 +107,12 @@ class _CausalGSA(torch.autograd.Function):
         hv = torch.empty(n_seq, heads, slots, dv, **f32) if output_final_state else sv
         has_h0 = h0k is not None
         gsum = torch.empty(n_chunks, heads, slots, **f32)
-        for x, h0, states, ht, d, bd, first in ((k, h0k, sk, hk, dk, cfg.BDK, True),
-                                                (v, h0v, sv, hv, dv, cfg.BDV, False)):
+        for x, states, d, bd, first in ((k, sk, dk, cfg.BDK, True), (v, sv, dv, cfg.BDV, False)):
             K._chunk_write_kernel[(n_chunks, heads, triton.cdiv(d, bd))](
                 x, g, b, gsum, states, chunks, heads, slots, d,
                 WRITE_B=first, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec, num_warps=4)
-            _scan(states, gsum, h0 if has_h0 else None, ht if output_final_state else None, coff, cfg, d,
-                  n_seq, heads, slots, reverse=False)
+        _scan((sk, sv), gsum, (h0k, h0v) if has_h0 else None, (hk, hv) if output_final_state else None, coff,
+              (dk, dv), n_seq, heads, slots, reverse=False)
         o = torch.empty(n_tok, heads, dv, dtype=q.dtype, device=q.device)
         K._output_fwd_kernel[(n_sub, heads)](
             q, k, v, g, b, sk, sv, o, sub, scale, heads, slots, dk, dv,
@@ -148,17 +149,17 @@ class _CausalGSA(torch.autograd.Function):
         f32 = dict(dtype=torch.float32, device=q.device)
         dh0k = torch.empty(n_seq, heads, slots, dk, **f32)
         dh0v = torch.empty(n_seq, heads, slots, dv, **f32)
-        for w, x, dht, dnext, dh0, d, bd, sc in ((dz, q, dhk, dnk, dh0k, dk, cfg.BDK, scale),
-                                                 (p, do, dhv, dnv, dh0v, dv, cfg.BDV, 1.0)):
+        for w, x, dnext, d, bd, sc in ((dz, q, dnk, dk, cfg.BDK, scale), (p, do, dnv, dv, cfg.BDV, 1.0)):
             K._chunk_read_grad_kernel[(n_chunks, heads, triton.cdiv(d, bd))](
                 w, x, b, dnext, chunks, sc, heads, slots, d, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec, num_warps=4)
-            _scan(dnext, gsum, dht if has_dht else None, dh0, coff, cfg, d, n_seq, heads, slots, reverse=True)
+        _scan((dnk, dnv), gsum, (dhk, dhv) if has_dht else None, (dh0k, dh0v), coff, (dk, dv), n_seq, heads, slots,
+              reverse=True)
 
         dk_, dv_, dg = torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
         K._key_bwd_kernel[(n_sub, heads)](
             q, k, v, g, b, do, p, dz, dnk, dnv, sub, dk_, dv_, dgate, dg, scale, heads, slots, dk, dv,
             BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SPAN=SPAN,
-            num_warps=cfg.warps)
+            num_warps=cfg.key_warps)
         # the final state is a read at each sequence's last row: its share of the gate grad
         if has_dht:
             carry = (dhk * hk).sum(-1) + (dhv * hv).sum(-1)
@@ -171,13 +172,14 @@ class _CausalGSA(torch.autograd.Function):
         return dq, dk_, dv_, dg, dh0k, dh0v, None, None, None
 
 
-def _scan(buf, gsum, init, last, coff, cfg, d, n_seq, heads, slots, *, reverse):
-    """Run `_state_scan_kernel` over [SCAN_ROWS, SCAN_COLS] tiles of the [M, d] states."""
-    cols = min(SCAN_COLS, triton.next_power_of_2(d))
-    tiles = triton.cdiv(slots, SCAN_ROWS) * triton.cdiv(d, cols)
-    K._state_scan_kernel[(n_seq * heads, tiles)](
-        buf, gsum, buf if init is None else init, buf if last is None else last, coff, heads, slots, d,
-        HAS_INIT=init is not None, STORE_LAST=last is not None, REVERSE=int(reverse),
+def _scan(bufs, gsum, inits, lasts, coff, dims, n_seq, heads, slots, *, reverse):
+    """Run `_state_scan_kernel` on the K~ and V~ buffers together, [SCAN_ROWS, SCAN_COLS]
+    tiles of each [M, d] state; inits / lasts are pairs or None."""
+    cols = min(SCAN_COLS, triton.next_power_of_2(max(dims)))
+    tiles = [triton.cdiv(slots, SCAN_ROWS) * triton.cdiv(d, cols) for d in dims]
+    K._state_scan_kernel[(n_seq * heads, sum(tiles))](
+        *bufs, gsum, *(inits or bufs), *(lasts or bufs), coff, heads, slots, *dims, tiles[0],
+        HAS_INIT=inits is not None, STORE_LAST=lasts is not None, REVERSE=int(reverse),
         BR=SCAN_ROWS, BD=cols, WHILE_LOOPS=WHILE_LOOPS, num_warps=4)
 
 

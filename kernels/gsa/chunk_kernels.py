@@ -88,53 +88,80 @@ def _chunk_read_grad_kernel(
 
 
 @triton.jit
-def _scan_step(state, i_c, buf_ptr, gsum_ptr, c_first, i_h, H, M, D, o_r, o_d, m_rd):
-    """buf[c] holds what chunk c adds; replace it by the running state, return the next."""
-    p = ((c_first + i_c) * H + i_h) * M * D + o_r[:, None] * D + o_d[None, :]
-    add = tl.load(buf_ptr + p, mask=m_rd, other=0.0)
-    decay = tl.exp(tl.load(gsum_ptr + ((c_first + i_c) * H + i_h) * M + o_r, mask=o_r < M, other=0.0))
-    tl.store(buf_ptr + p, state, mask=m_rd)
-    return decay[:, None] * state + add
+def _scan_load(i_c, ok, buf_ptr, gsum_ptr, c_first, i_h, H, M, D, o_r, o_d, m_rd):
+    """What chunk i_c adds to a state tile, and its decay exp(G_c) per row (0 if not ok)."""
+    add = tl.load(buf_ptr + ((c_first + i_c) * H + i_h) * M * D + o_r[:, None] * D + o_d[None, :],
+                  mask=m_rd & ok, other=0.0)
+    decay = tl.exp(tl.load(gsum_ptr + ((c_first + i_c) * H + i_h) * M + o_r, mask=(o_r < M) & ok, other=0.0))
+    return add, decay
 
 
 @triton.jit
-def _state_scan_kernel(
-    buf_ptr, gsum_ptr, init_ptr, last_ptr, coff_ptr, H, M, D,
-    HAS_INIT: tl.constexpr, STORE_LAST: tl.constexpr, REVERSE: tl.constexpr,  # REVERSE: 0 or 1
-    BR: tl.constexpr, BD: tl.constexpr, WHILE_LOOPS: tl.constexpr,
-):
-    """S <- diag(exp(G_c)) S + buf[c] over the chunks of one (sequence, head), on a
-    [BR, BD] tile of the [M, D] state, buf[c] replaced in place by the S it met.
+def _scan_step(state, add, decay, i, n_c, buf_ptr, gsum_ptr, c_first, i_h, H, M, D, o_r, o_d, m_rd,
+               REVERSE: tl.constexpr):
+    """Step i of the scan (chunk i, or n_c-1-i in reverse): store the state the chunk met
+    into buf in place of what it adds, load the next chunk's (one step ahead, so that
+    the load's latency overlaps this step), return (next state, next add, next decay)."""
+    i_c = i + REVERSE * (n_c - 1 - 2 * i)
+    i_next = i_c + 1 - 2 * REVERSE
+    add_next, decay_next = _scan_load(i_next, i + 1 < n_c, buf_ptr, gsum_ptr, c_first, i_h, H, M, D, o_r, o_d, m_rd)
+    tl.store(buf_ptr + ((c_first + i_c) * H + i_h) * M * D + o_r[:, None] * D + o_d[None, :], state, mask=m_rd)
+    return decay[:, None] * state + add, add_next, decay_next
 
-    Forward (REVERSE=False): buf holds the chunk writes, becomes the chunk-start states;
-    init = initial state, last = final state. Backward (REVERSE=True): buf holds the
-    gradients of the chunk-start states from each chunk's reads, becomes the gradients of
-    the chunk-end states; init = final state's gradient, last = initial state's gradient.
-    """
-    i_nh, i_tile = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = i_nh // H, i_nh % H
+
+@triton.jit
+def _scan_tile(buf_ptr, gsum_ptr, init_ptr, last_ptr, c_first, n_c, i_nh, i_h, i_tile, H, M, D,
+               HAS_INIT: tl.constexpr, STORE_LAST: tl.constexpr, REVERSE: tl.constexpr,
+               BR: tl.constexpr, BD: tl.constexpr, WHILE_LOOPS: tl.constexpr):
+    """S <- diag(exp(G_c)) S + buf[c] over the chunks, on tile i_tile ([BR, BD]) of the
+    [M, D] state of one (sequence, head); buf[c] is replaced by the S chunk c met."""
     n_d = tl.cdiv(D, BD)
     o_r = (i_tile // n_d) * BR + tl.arange(0, BR)
     o_d = (i_tile % n_d) * BD + tl.arange(0, BD)
     m_rd = (o_r < M)[:, None] & (o_d < D)[None, :]
     p_rd = i_nh * M * D + o_r[:, None] * D + o_d[None, :]
-    c_first = tl.load(coff_ptr + i_n)
-    n_c = tl.load(coff_ptr + i_n + 1) - c_first
     state = tl.zeros([BR, BD], dtype=tl.float32)
     if HAS_INIT:
         state = tl.load(init_ptr + p_rd, mask=m_rd, other=0.0)
+    add, decay = _scan_load(REVERSE * (n_c - 1), n_c > 0, buf_ptr, gsum_ptr, c_first, i_h, H, M, D, o_r, o_d, m_rd)
     if WHILE_LOOPS:
         i = 0
         while i < n_c:
-            i_c = i + REVERSE * (n_c - 1 - 2 * i)
-            state = _scan_step(state, i_c, buf_ptr, gsum_ptr, c_first, i_h, H, M, D, o_r, o_d, m_rd)
+            state, add, decay = _scan_step(state, add, decay, i, n_c, buf_ptr, gsum_ptr, c_first, i_h, H, M, D,
+                                           o_r, o_d, m_rd, REVERSE)
             i += 1
     else:
         for i in range(0, n_c):
-            i_c = i + REVERSE * (n_c - 1 - 2 * i)
-            state = _scan_step(state, i_c, buf_ptr, gsum_ptr, c_first, i_h, H, M, D, o_r, o_d, m_rd)
+            state, add, decay = _scan_step(state, add, decay, i, n_c, buf_ptr, gsum_ptr, c_first, i_h, H, M, D,
+                                           o_r, o_d, m_rd, REVERSE)
     if STORE_LAST:
         tl.store(last_ptr + p_rd, state, mask=m_rd)
+
+
+@triton.jit
+def _state_scan_kernel(
+    buf_k_ptr, buf_v_ptr, gsum_ptr, init_k_ptr, init_v_ptr, last_k_ptr, last_v_ptr, coff_ptr,
+    H, M, DK, DV, tiles_k,
+    HAS_INIT: tl.constexpr, STORE_LAST: tl.constexpr, REVERSE: tl.constexpr,  # REVERSE: 0 or 1
+    BR: tl.constexpr, BD: tl.constexpr, WHILE_LOOPS: tl.constexpr,
+):
+    """The scan over chunks of both states (K~ tiles first, then V~ tiles), one launch.
+
+    Forward (REVERSE=0): buf holds the chunk writes, becomes the chunk-start states;
+    init = initial state, last = final state. Backward (REVERSE=1): buf holds the
+    gradients of the chunk-start states from each chunk's reads, becomes the gradients of
+    the chunk-end states; init = final state's gradient, last = initial state's gradient.
+    """
+    i_nh, i_tile = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    c_first = tl.load(coff_ptr + i_n)
+    n_c = tl.load(coff_ptr + i_n + 1) - c_first
+    if i_tile < tiles_k:
+        _scan_tile(buf_k_ptr, gsum_ptr, init_k_ptr, last_k_ptr, c_first, n_c, i_nh, i_h, i_tile, H, M, DK,
+                   HAS_INIT, STORE_LAST, REVERSE, BR, BD, WHILE_LOOPS)
+    else:
+        _scan_tile(buf_v_ptr, gsum_ptr, init_v_ptr, last_v_ptr, c_first, n_c, i_nh, i_h, i_tile - tiles_k, H, M, DV,
+                   HAS_INIT, STORE_LAST, REVERSE, BR, BD, WHILE_LOOPS)
 
 
 @triton.jit
@@ -401,8 +428,6 @@ def _key_bwd_kernel(
     r = j0 + BC
     b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m & (r < end), other=0.0)
     key = s_j * tl.exp(tl.minimum(b_r[None, :] - b_j, 0.0))
-    acc_k = tl.zeros([BC, BK], dtype=tl.float32)
-    acc_v = tl.zeros([BC, BV], dtype=tl.float32)
     acc_s = tl.zeros([BC, BM], dtype=tl.float32)
     for ii in tl.static_range(BT // BC - 1):
         i0 = r + ii * BC
@@ -421,13 +446,11 @@ def _key_bwd_kernel(
             p_i = tl.load(p_ptr + p_im, mask=m_im, other=0.0) * decay
             w1 = tl.dot(dz_i, tl.trans(key), input_precision=PREC)  # [BC_t, BC_j]
             w2 = tl.dot(p_i, tl.trans(key), input_precision=PREC)
-            acc_k += tl.dot(tl.trans(w1), q_i, input_precision=PREC)
-            acc_v += tl.dot(tl.trans(w2), do_i, input_precision=PREC)
+            dk += scale * tl.dot(tl.trans(w1), q_i, input_precision=PREC)
+            dv += tl.dot(tl.trans(w2), do_i, input_precision=PREC)
             a = tl.dot(k_j, tl.trans(q_i), input_precision=PREC)  # [BC_j, BC_t]
             d = tl.dot(v_j, tl.trans(do_i), input_precision=PREC)
             acc_s += scale * tl.dot(a, dz_i, input_precision=PREC) + tl.dot(d, p_i, input_precision=PREC)
-    dk += scale * acc_k
-    dv += acc_v
     ds += acc_s * tl.exp(tl.minimum(b_r[None, :] - b_j, 0.0))
 
     # through the queries of the sub-chunk itself (query row t >= key row j), reference row j0
@@ -478,15 +501,23 @@ def _key_bwd_kernel(
 
 
 @triton.jit
-def _gate_grad_step(carry, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT: tl.constexpr):
-    """dg += reverse cumulative sum of dgate over chunk i_c, plus what follows it (carry)."""
+def _gate_grad_load(i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT: tl.constexpr):
+    rows = bos + i_c * BT + tl.arange(0, BT)
+    m_tm = (rows < eos)[:, None] & (o_m < M)[None, :] & (i_c >= 0)
+    p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
+    return tl.load(dgate_ptr + p_tm, mask=m_tm, other=0.0), tl.load(dg_ptr + p_tm, mask=m_tm, other=0.0)
+
+
+@triton.jit
+def _gate_grad_step(carry, x, dg, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT: tl.constexpr):
+    """dg += reverse cumulative sum of dgate (x) over chunk i_c, plus what follows it
+    (carry); the previous chunk's tiles are loaded one step ahead."""
+    x_next, dg_next = _gate_grad_load(i_c - 1, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT)
     rows = bos + i_c * BT + tl.arange(0, BT)
     m_tm = (rows < eos)[:, None] & (o_m < M)[None, :]
-    p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
-    x = tl.load(dgate_ptr + p_tm, mask=m_tm, other=0.0)
-    dg = tl.load(dg_ptr + p_tm, mask=m_tm, other=0.0) + tl.cumsum(x, 0, reverse=True) + carry[None, :]
-    tl.store(dg_ptr + p_tm, dg, mask=m_tm)
-    return carry + tl.sum(x, 0)
+    tl.store(dg_ptr + (rows[:, None] * H + i_h) * M + o_m[None, :],
+             dg + tl.cumsum(x, 0, reverse=True) + carry[None, :], mask=m_tm)
+    return carry + tl.sum(x, 0), x_next, dg_next
 
 
 @triton.jit
@@ -507,11 +538,13 @@ def _gate_grad_kernel(dgate_ptr, dg_ptr, carry_ptr, cu_ptr, H, M, BT: tl.constex
     o_m = i_m * BM + tl.arange(0, BM)
     carry = tl.load(carry_ptr + i_nh * M + o_m, mask=o_m < M, other=0.0)
     n_c = tl.cdiv(eos - bos, BT)
+    x, dg = _gate_grad_load(n_c - 1, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT)
     if WHILE_LOOPS:
         i_c = n_c - 1
         while i_c >= 0:
-            carry = _gate_grad_step(carry, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT)
+            carry, x, dg = _gate_grad_step(carry, x, dg, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT)
             i_c -= 1
     else:
         for i in range(0, n_c):
-            carry = _gate_grad_step(carry, n_c - 1 - i, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT)
+            carry, x, dg = _gate_grad_step(carry, x, dg, n_c - 1 - i, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m,
+                                           BT)
