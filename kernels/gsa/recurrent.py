@@ -56,8 +56,8 @@ def recurrent_gsa_step(q, k, v, log_alpha, state, *, scale=None):
     sk, sv = (s.float().contiguous() for s in state)
     new_sk, new_sv = torch.empty_like(sk), torch.empty_like(sv)
     o = torch.empty(batch, heads, dv, dtype=q.dtype, device=q.device)
-    blocks = [max(16, triton.next_power_of_2(n)) for n in (slots, dk, dv)]
+    bm, bk, bv = (max(16, triton.next_power_of_2(n)) for n in (slots, dk, dv))
     _decode_step_kernel[(batch * heads,)](
         q.contiguous(), k.contiguous(), v.contiguous(), log_alpha.contiguous(), sk, sv, new_sk, new_sv, o,
-        scale, slots, dk, dv, BM=blocks[0], BK=blocks[1], BV=blocks[2], num_warps=4 if blocks[0] * max(blocks[1:]) <= 8192 else 8)
+        scale, slots, dk, dv, BM=bm, BK=bk, BV=bv, num_warps=4 if bm * max(bk, bv) <= 8192 else 8)
     return o, (new_sk, new_sv)
