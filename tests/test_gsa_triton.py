@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lavo_tasks.kernels.gsa import chunk
 from lavo_tasks.kernels.gsa.chunk import chunk_gsa_attn
 from lavo_tasks.kernels.gsa.recurrent import recurrent_gsa_step
 from lavo_tasks.kernels.gsa.reference import reference_gsa_attn
@@ -76,6 +77,14 @@ def test_causal_extreme_gates_stay_finite():
     g = torch.Generator().manual_seed(5)
     xs[3] = -40 * torch.rand(xs[3].shape, generator=g) ** 4
     _assert_matches_reference(xs)
+
+
+@pytest.mark.parametrize("span", [0.0, 1e4])
+def test_both_diagonal_paths(monkeypatch, span):
+    """Pairs inside a sub-chunk: row loop everywhere (SPAN 0) or products everywhere."""
+    monkeypatch.setattr(chunk, "SPAN", span)
+    xs = _inputs(1, 40, 40, seed=12)
+    _assert_matches_reference(xs, _states(1, 1, 12, 20, 5))
 
 
 def test_noncausal_self_with_padding():

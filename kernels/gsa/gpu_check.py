@@ -8,6 +8,8 @@ Protocol of PERFORMANCE.md: bf16, H=16, head dim 64, 64 slots, 65,536 tokens per
 with batch 8. Writes JSON lines to DIR/gsa_timing.jsonl and a per-kernel breakdown
 (torch.profiler) of one fwd+bwd at the shortest and longest T; prints a table last.
 The benchmark of record is `lavo_tasks.bench` (the lead's); this is the kernel author's check.
+fla's `chunk_gsa` autotunes on first use (minutes on an H200): `--impls gsa,sdpa` skips it.
+Measured numbers and what limits the kernels: PERF_NOTES.md beside this file.
 """
 
 import argparse
