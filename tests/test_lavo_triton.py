@@ -62,7 +62,8 @@ def small_chunks(*args, **options):
 
 
 def options(window, causal=True, cross=False, kv_mask=None, cu_seqlens=None):
-    return dict(window=window, causal=causal, cross=cross, segments=1, scale=None, kv_mask=kv_mask, cu_seqlens=cu_seqlens)
+    return {"window": window, "causal": causal, "cross": cross, "segments": 1, "scale": None, "kv_mask": kv_mask,
+            "cu_seqlens": cu_seqlens}
 
 
 @pytest.mark.parametrize("n, window", [(40, 6), (37, 20), (33, 1)])
@@ -123,34 +124,35 @@ def test_causal_cross(n, m, masked):
     check_against_reference(small_chunks, inputs, **options(6, cross=True, kv_mask=mask))
 
 
-@pytest.mark.parametrize("n, m, masked", [(40, 23, True), (12, 50, False)])
-def test_noncausal_cross_one_segment(n, m, masked):
-    # memory only; rel_bias=None (NC has no window), mem_bias [H, 1]
-    q, k, v, basis, _, mem_bias = make_inputs(2, n, m, 2, 8, 4, 4, False, seed=n)
+@pytest.mark.parametrize(
+    "n, m, segments, per_segment_bias, masked",
+    [(40, 23, 1, False, True), (12, 50, 1, True, False), (30, 37, 3, True, True), (20, 40, 2, False, False),
+     (9, 5, 4, True, True)],
+)
+def test_noncausal_cross(n, m, segments, per_segment_bias, masked):
+    # memory only, rel_bias=None (NC has no window); the last case has segments with
+    # fewer valid keys than parts, so some memories are empty (h = 0)
+    q, k, v, basis, _, mem_bias = make_inputs(2, n, m, 2, 8, 4, 4, False, seed=n + segments)
+    mem_bias = torch.randn(2, segments) if per_segment_bias else mem_bias
     mask = random_mask(2, m, seed=m, keep_first=False) if masked else None
-    inputs = [q, k, v, basis, None, mem_bias[:, None]]
+    inputs = [q, k, v, basis, None, mem_bias]
     ours = [x.clone().requires_grad_() if x is not None else None for x in inputs]
     ref = [x.clone().double().requires_grad_() if x is not None else None for x in inputs]
-    opts = options(4, causal=False, cross=True, kv_mask=mask)
+    opts = {**options(4, causal=False, cross=True, kv_mask=mask), "segments": segments}
     out = small_chunks(*ours, **opts)
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(97))
     out.backward(grad_out)
     ref_out = reference_lavo_attn(*ref, **opts)
     ref_out.backward(grad_out.double())
-    grads = [(f"d{name}", a.grad, b.grad) for name, a, b in zip(GRAD_NAMES, ours, ref) if name in ("q", "v", "basis")]
+    compared = ("q", "v", "basis", "mem_bias") if per_segment_bias and segments > 1 else ("q", "v", "basis")
+    grads = [(f"d{name}", a.grad, b.grad) for name, a, b in zip(GRAD_NAMES, ours, ref) if name in compared]
     for name, got, want in [("output", out, ref_out)] + grads:
         err = (got.double() - want).abs().max() / want.abs().max()
         assert err <= 1e-4, f"{name}: relative max error {err:.2e}"
     assert ours[1].grad is not None and not ours[1].grad.any()  # the keys take no part in NC
-    # one bias shared by every slot cancels in the softmax: its gradient is 0 up to rounding
-    assert ours[5].grad.shape == (2, 1) and ours[5].grad.abs().max() <= 1e-5 * ours[0].grad.abs().max()
-
-
-def test_noncausal_cross_segments_are_refused_by_name():
-    inputs = make_inputs(1, 8, 8, 1, 8, 4, 4, False, seed=0)
-    inputs[5] = inputs[5][:, None].expand(1, 2).contiguous()
-    with pytest.raises(NotImplementedError, match="NC with segments=2"):
-        chunk_lavo_attn(*inputs[:4], None, inputs[5], window=4, causal=False, cross=True, segments=2)
+    assert ours[5].grad.shape == mem_bias.shape
+    if "mem_bias" not in compared:  # one bias on every slot cancels in the softmax: gradient 0 up to rounding
+        assert ours[5].grad.abs().max() <= 1e-4 * ours[0].grad.abs().max()
 
 
 def test_fp16_inputs_within_half_precision_tolerance():

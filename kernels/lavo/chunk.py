@@ -9,9 +9,9 @@ c = B v) and, backward, the per-chunk totals of the memory gradient. Those prefi
 suffix sums run here over the chunk totals in float64. No n x n, n x w or n x r x d
 tensor is ever written.
 
-Patterns: CS, CC, NS, and NC with one segment (the NS memory without a window: the
-window loops run zero times). NC with segments > 1 is not done in Triton and raises
-NotImplementedError.
+Patterns: CS, CC, NS and NC. NC is the noncausal memory without a window (the window
+loops run zero times), with `segments` memories: the valid source positions of a
+sequence cut into S contiguous parts (reference.py's rule), S*r slots under one softmax.
 """
 
 import functools
@@ -52,10 +52,6 @@ def lavo_chunked(
 ):
     """`chunk_lavo_attn` with the chunk size as an argument (the tests use small chunks
     so that short sequences still span several)."""
-    if cross and not causal and segments > 1:
-        raise NotImplementedError(
-            f"lavo pattern NC with segments={segments}: the Triton kernels take one segment; use backend='torch'"
-        )
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise NotImplementedError(f"q dtype {q.dtype}: the Triton kernels take float32, bfloat16 or float16")
     if q.shape[-1] > MAX_HEAD_DIM:
@@ -66,7 +62,7 @@ def lavo_chunked(
         return torch.zeros_like(q)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return _LavoChunkFn.apply(
-        q, k, v, basis, rel_bias, mem_bias, window, causal, cross, scale, kv_mask, cu_seqlens, chunk
+        q, k, v, basis, rel_bias, mem_bias, window, causal, cross, segments, scale, kv_mask, cu_seqlens, chunk
     )
 
 
@@ -75,20 +71,22 @@ class _Layout:
 
     Rows of a chunk table: (q_row0, n, kv_row0, m, c) int32. `pre_hi/pre_lo` pick, per
     query chunk, the prefix-sum entries whose difference is the value sum it needs;
-    `suf_hi/suf_lo` pick, per key chunk, the query chunks after it (all, for NS)."""
+    `suf_hi/suf_lo` pick, per key chunk, the query chunks after it (all, noncausal).
+    `qseq`: each query chunk's sequence (an index into all sequences, empty ones too)."""
 
     def __init__(self, batch, n, m, cu_seqlens, chunk, noncausal, device):
         if cu_seqlens is None:
-            seqs = [(b * n, n, b * m, m) for b in range(batch)]
+            seqs = [(b, b * n, n, b * m, m) for b in range(batch)]
         else:
             bounds = cu_seqlens.tolist()
-            seqs = [(s, e - s, s, e - s) for s, e in zip(bounds, bounds[1:]) if e > s]
-        qrows, krows, pre_hi, pre_lo, suf_hi, suf_lo = [], [], [], [], [], []
-        for q0, ns, k0, ms in seqs:
+            seqs = [(i, s, e - s, s, e - s) for i, (s, e) in enumerate(zip(bounds, bounds[1:])) if e > s]
+        qrows, krows, pre_hi, pre_lo, suf_hi, suf_lo, qseq = [], [], [], [], [], [], []
+        for i, q0, ns, k0, ms in seqs:
             nqc, nkc = math.ceil(ns / chunk), math.ceil(ms / chunk)
             qfirst, kfirst = len(qrows), len(krows)
             for c in range(nqc):
                 qrows.append((q0, ns, k0, ms, c))
+                qseq.append(i)
                 pre_lo.append(kfirst)
                 pre_hi.append(kfirst + (nkc if noncausal else min(c, nkc)))
             for c in range(nkc):
@@ -98,7 +96,7 @@ class _Layout:
         as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=device).reshape(len(x), -1)
         self.qchunks, self.kchunks = as_tensor(qrows), as_tensor(krows)
         idx = lambda x: torch.tensor(x, dtype=torch.long, device=device)
-        self.pre_hi, self.pre_lo, self.suf_hi, self.suf_lo = map(idx, (pre_hi, pre_lo, suf_hi, suf_lo))
+        self.pre_hi, self.pre_lo, self.suf_hi, self.suf_lo, self.qseq = map(idx, (pre_hi, pre_lo, suf_hi, suf_lo, qseq))
 
 
 @functools.lru_cache(maxsize=64)
@@ -113,14 +111,34 @@ def _range_sums(totals, hi, lo):
     return (prefix[hi] - prefix[lo]).float().contiguous()
 
 
-def _valid_counts(kv_mask, cu_seqlens):
-    """Per key row: how many valid keys its sequence has up to and including it (fp32)."""
+def _valid_counts(valid, cu_seqlens):
+    """Per key row of valid [B, m] (bool): how many valid keys its sequence has up to and
+    including it (int64, flat)."""
     if cu_seqlens is None:
-        return kv_mask.to(torch.int64).cumsum(1).reshape(-1).float()
-    running = kv_mask.reshape(-1).to(torch.int64).cumsum(0)  # over all packed sequences
-    bounds = cu_seqlens.to(device=kv_mask.device, dtype=torch.int64)
+        return valid.to(torch.int64).cumsum(1).reshape(-1)
+    running = valid.reshape(-1).to(torch.int64).cumsum(0)  # over all packed sequences
+    bounds = cu_seqlens.to(device=valid.device, dtype=torch.int64)
     before = torch.cat([running.new_zeros(1), running])[bounds[:-1]]  # valid keys before each sequence
-    return (running - before.repeat_interleave(bounds.diff())).float()
+    return running - before.repeat_interleave(bounds.diff())
+
+
+def _segment_tables(valid, cu_seqlens, layout, segments):
+    """Noncausal memories: each key row's segment (the k-th valid key of a sequence with
+    n valid keys is in segment floor(k * S / n)) and each query chunk's per-segment
+    valid counts [query chunks, S] (fp32)."""
+    batch, m = valid.shape
+    if cu_seqlens is None:
+        lengths = torch.full((batch,), m, device=valid.device)
+    else:
+        lengths = cu_seqlens.to(device=valid.device, dtype=torch.int64).diff()
+    seq_of_row = torch.arange(len(lengths), device=valid.device).repeat_interleave(lengths)
+    flat = valid.reshape(-1).to(torch.int64)
+    n_valid = torch.zeros(len(lengths), dtype=torch.int64, device=valid.device).index_add_(0, seq_of_row, flat)
+    rank = (_valid_counts(valid, cu_seqlens) - 1).clamp(min=0)
+    segment = rank * segments // n_valid[seq_of_row].clamp(min=1)
+    counts = torch.zeros(len(lengths) * segments, device=valid.device)
+    counts.index_add_(0, seq_of_row * segments + segment, flat.float())
+    return segment.to(torch.int32), counts.view(-1, segments)[layout.qseq].contiguous()
 
 
 def _compile_args(q, chunk, noncausal, window, kv_mask, cross):
@@ -139,7 +157,9 @@ def _compile_args(q, chunk, noncausal, window, kv_mask, cross):
 
 class _LavoChunkFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, basis, rel_bias, mem_bias, window, causal, cross, scale, kv_mask, cu_seqlens, chunk):
+    def forward(
+        ctx, q, k, v, basis, rel_bias, mem_bias, window, causal, cross, segments, scale, kv_mask, cu_seqlens, chunk
+    ):
         batch, n, heads, d = q.shape
         m = k.shape[1]
         noncausal = not causal
@@ -152,35 +172,44 @@ class _LavoChunkFn(torch.autograd.Function):
         bas = basis.detach().float().contiguous()
         # NC has no window and may come without rel_bias: a placeholder the kernels never read
         rho = (rel_bias.detach() if rel_bias is not None else q.new_zeros(heads, 1)).float().contiguous()
-        mu = mem_bias.detach().float().reshape(heads).contiguous()
+        mu = mem_bias.detach().float().reshape(heads, -1).expand(heads, segments).contiguous()  # [H, S]
         kvm = kv_mask.reshape(-1).to(torch.uint8) if kv_mask is not None else qf
-        cnt = _valid_counts(kv_mask, cu_seqlens) if kv_mask is not None else rho
+        segid = rho  # placeholder, read only with segments > 1
+        if noncausal:  # counts per query chunk and segment
+            valid = kv_mask if kv_mask is not None else torch.ones(batch, m, dtype=torch.bool, device=q.device)
+            segid, cnt = _segment_tables(valid, cu_seqlens, layout, segments)
+        elif kv_mask is not None:  # counts per key row
+            cnt = _valid_counts(kv_mask, cu_seqlens).float()
+        else:
+            cnt = rho  # placeholder: counts are t' + 1
         meta = _compile_args(q, chunk, noncausal, window, kv_mask, cross)
 
         warps = NUM_WARPS[max(64, meta["BD"])]
-        sums = torch.empty(len(layout.kchunks), heads, d, dtype=torch.float32, device=q.device)
+        sums = torch.empty(len(layout.kchunks), segments, heads, d, dtype=torch.float32, device=q.device)
         chunk_value_sums_kernel[(len(layout.kchunks), heads)](
-            vf, kvm, sums, layout.kchunks, heads, D=d, BD=meta["BD"], C=chunk, HAS_MASK=meta["HAS_MASK"]
+            vf, kvm, segid, sums, layout.kchunks, heads, D=d, BD=meta["BD"], C=chunk, SEG=segments,
+            HAS_MASK=meta["HAS_MASK"],
         )
-        pre = _range_sums(sums, layout.pre_hi, layout.pre_lo)  # [query chunks, H, d]
+        pre = _range_sums(sums, layout.pre_hi, layout.pre_lo)  # [query chunks, S, H, d]
         o = torch.empty_like(qf)
         lse = torch.empty(qf.shape[0], heads, dtype=torch.float32, device=q.device)
         br = max(16, triton.next_power_of_2(rank))
         lavo_fwd_kernel[(len(layout.qchunks), heads)](
             qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, layout.qchunks,
-            heads, rho.shape[1], scale, R=rank, BR=br, num_warps=warps["fwd"], **meta,
+            heads, rho.shape[1], scale, R=rank, BR=br, SEG=segments, num_warps=warps["fwd"], **meta,
         )
-        ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm)
-        ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, br, scale, window)
-        ctx.param_dtypes = (basis.dtype, rho.dtype if rel_bias is None else rel_bias.dtype, mem_bias.dtype, mem_bias.shape)
+        ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm, segid)
+        ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, br, scale, window, segments)
+        rho_dtype = rho.dtype if rel_bias is None else rel_bias.dtype
+        ctx.param_dtypes = (basis.dtype, rho_dtype, mem_bias.dtype, mem_bias.shape)
         ctx.has_rel_bias = rel_bias is not None
         return o.view(q.shape)
 
     @staticmethod
     def backward(ctx, do):
-        qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm = ctx.saved_tensors
+        qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm, segid = ctx.saved_tensors
         layout, meta = ctx.layout, ctx.meta
-        batch, n, m, heads, d, rank, br, scale, window = ctx.dims
+        batch, n, m, heads, d, rank, br, scale, window, segments = ctx.dims
         dof = do.contiguous().view(-1, heads, d)
         warps = NUM_WARPS[max(64, meta["BD"])]
         nq, nk = len(layout.qchunks), len(layout.kchunks)
@@ -189,13 +218,14 @@ class _LavoChunkFn(torch.autograd.Function):
         dq_mem = torch.empty(qf.shape, **f32)
         delta = torch.empty_like(lse)
         db_part = torch.empty(groups, heads, rank, d, **f32)
-        dmu_part = torch.empty(groups, heads, **f32)
+        dmu_part = torch.empty(groups, heads, segments, **f32)
         dvl = (torch.zeros if m > n else torch.empty)(vf.shape, **f32)
-        wsum = torch.empty(nq, heads, d, **f32)
+        wsum = torch.empty(nq, segments, heads, d, **f32)
         common = {x: meta[x] for x in ("D", "BD", "C", "NS", "HAS_MASK", "QMASK", "PREC")}
         lavo_mem_bwd_kernel[(groups, heads)](
             qf, vf, o, dof, lse, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, delta, db_part, dmu_part, dvl, wsum,
-            heads, nq, scale, R=rank, BR=br, GROUP=DQ_GROUP, num_warps=warps["mem_bwd"], **common,
+            heads, nq, scale, R=rank, BR=br, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),
+            num_warps=warps["mem_bwd"], **common,
         )
         drho = torch.zeros_like(rho)
         if meta["NKB"]:
@@ -206,23 +236,26 @@ class _LavoChunkFn(torch.autograd.Function):
             )
         else:  # NC: no window, dq is the memory's alone
             dq = dq_mem.to(qf.dtype)
-        suf = _range_sums(wsum, layout.suf_hi, layout.suf_lo)  # [key chunks, H, d]
+        suf = _range_sums(wsum, layout.suf_hi, layout.suf_lo)  # [key chunks, S, H, d]
         # CC, target longer than the source: query blocks past the source (a power of 2,
         # so that few lengths compile their own kernel)
         tail = triton.next_power_of_2(math.ceil((n - m) / meta["C"]) + 1) if n > m and meta["NKB"] else 0
         dk = torch.empty_like(kf)
         dv = torch.empty_like(vf)
         lavo_dkv_kernel[(nk, heads)](
-            qf, kf, vf, dof, lse, delta, rho, kvm, layout.kchunks, dvl, suf, dk, dv,
-            heads, rho.shape[1], scale, NQB=meta["NKB"], TAIL=tail, num_warps=warps["dkv"],
+            qf, kf, vf, dof, lse, delta, rho, kvm, segid, layout.kchunks, dvl, suf, dk, dv,
+            heads, rho.shape[1], scale, NQB=meta["NKB"], TAIL=tail, SEG=segments, num_warps=warps["dkv"],
             **{x: meta[x] for x in _DKV_META},
         )
         basis_dtype, rho_dtype, mu_dtype, mu_shape = ctx.param_dtypes
+        dmu = dmu_part.sum(0)  # [H, S]
+        if len(mu_shape) == 1:  # one bias shared by the segments
+            dmu = dmu.sum(1)
         shape_q, shape_k = (batch, n, heads, d), (batch, m, heads, d)
         return (
             dq.view(shape_q), dk.view(shape_k), dv.view(shape_k), db_part.sum(0).to(basis_dtype),
-            drho.to(rho_dtype) if ctx.has_rel_bias else None, dmu_part.sum(0).reshape(mu_shape).to(mu_dtype),
-            None, None, None, None, None, None, None,
+            drho.to(rho_dtype) if ctx.has_rel_bias else None, dmu.reshape(mu_shape).to(mu_dtype),
+            None, None, None, None, None, None, None, None,
         )
 
 

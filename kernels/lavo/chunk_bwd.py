@@ -46,20 +46,22 @@ def lavo_mem_bwd_kernel(
     DQM, DELTA, DB_PART, DMU_PART, DVL, WSUM,
     H, n_chunks, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, C: tl.constexpr, GROUP: tl.constexpr,
-    NS: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
+    SEG: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """The memory's backward, one program per GROUP query chunks and head: Delta, the
-    memory part of dq (fp32, DQM), the group's dB and dmu partial sums, and the parts of
-    the reverse cumulative sum (DVL per key row in the chunk, WSUM per chunk)."""
+    memory part of dq (fp32, DQM), the group's dB and dmu partial sums (dmu per segment,
+    BS >= SEG slots), and the parts of the reverse cumulative sum (DVL per key row in
+    the chunk, causal; WSUM per chunk and segment)."""
     DT: tl.constexpr = Q.dtype.element_ty
     gid = tl.program_id(0)
     h = tl.program_id(1)
     rr = tl.arange(0, BR)
     dd = tl.arange(0, BD)
+    segs = tl.arange(0, BS)
     basis = load_basis(BAS, h, R, D, BR, BD).to(DT)  # [BR, BD]
-    mu = tl.load(MU + h)
     db_acc = tl.zeros([BR, BD], tl.float32)
-    dmu_acc = 0.0
+    dmu_acc = tl.zeros([BS], tl.float32)
     for i in range(GROUP):
         cid = gid * GROUP + i
         if cid < n_chunks:
@@ -74,32 +76,35 @@ def lavo_mem_bwd_kernel(
             tl.store(DELTA + (q_row0 + t).to(tl.int64) * H + h, delta, mask=t < n)
             lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
             q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
-            vbar, cnt = memory_mean(V, KVM, CNT, PRE, cid, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, NS, HAS_MASK)
             g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, BR]
-            hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, BR]
             u = mem_dot(do, tl.trans(basis), DT, PREC)  # [C, BR]
-            e = (scale * hm * g + mu) * 1.4426950408889634
-            pm = tl.where((rr < R)[None, :] & t_ok[:, None], tl.exp2(e - lse[:, None]), 0.0)
-            de = pm * (hm * u - delta[:, None])
-            dmu_acc += tl.sum(tl.sum(de, 1), 0)
-            dg = scale * de * hm
-            dh = scale * de * g + pm * u
+            dg = tl.zeros([C, BR], tl.float32)
+            for seg in range(SEG):
+                vbar, cnt = memory_mean(
+                    V, KVM, CNT, PRE, cid, seg, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK
+                )
+                hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, BR]
+                e = (scale * hm * g + tl.load(MU + h * SEG + seg)) * 1.4426950408889634
+                pm = tl.where((rr < R)[None, :] & t_ok[:, None], tl.exp2(e - lse[:, None]), 0.0)
+                de = pm * (hm * u - delta[:, None])
+                dmu_acc += tl.where(segs == seg, tl.sum(tl.sum(de, 1), 0), 0.0)
+                dg += scale * de * hm
+                dh = scale * de * g + pm * u
+                db_acc += mem_dot(tl.trans(pm * hm), do, DT, PREC)
+                db_acc += mem_dot(tl.trans(dh), vbar, DT, PREC)
+                dvbar = mem_dot(dh, basis, DT, PREC)  # [C, BD]
+                wv = tl.where((cnt > 0)[:, None], dvbar / tl.maximum(cnt, 1.0)[:, None], 0.0)
+                tl.store(WSUM + ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), mask=dd < D)
+                if not NS:
+                    # in-chunk reverse cumulative sum: dvl[j] = sum over t >= j of wv[t] (rows j = t)
+                    store_rows(DVL, tl.cumsum(wv, 0, reverse=True), kv_row0, t, t < m, h, H, D, BD)
             store_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, t, t < n, h, H, D, BD)
             db_acc += mem_dot(tl.trans(dg), q, DT, PREC)
-            db_acc += mem_dot(tl.trans(pm * hm), do, DT, PREC)
-            db_acc += mem_dot(tl.trans(dh), vbar, DT, PREC)
-            dvbar = mem_dot(dh, basis, DT, PREC)  # [C, BD]
-            wv = tl.where((cnt > 0)[:, None], dvbar / tl.maximum(cnt, 1.0)[:, None], 0.0)
-            tl.store(WSUM + (cid * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), mask=dd < D)
-            if not NS:
-                # in-chunk reverse cumulative sum: dvl[j] = sum over t >= j of wv[t] (rows j = t)
-                dvl = tl.cumsum(wv, 0, reverse=True)
-                store_rows(DVL, dvl, kv_row0, t, t < m, h, H, D, BD)
 
     rows = tl.arange(0, BR)
     db_offs = ((gid * H + h) * R + rows)[:, None].to(tl.int64) * D + dd[None, :]
     tl.store(DB_PART + db_offs, db_acc, mask=(rows < R)[:, None] & (dd < D)[None, :])
-    tl.store(DMU_PART + gid * H + h, dmu_acc)
+    tl.store(DMU_PART + (gid * H + h) * SEG + segs, dmu_acc, mask=segs < SEG)
 
 
 @triton.jit
@@ -180,10 +185,11 @@ def _dkv_tile(
 
 @triton.jit
 def lavo_dkv_kernel(
-    Q, K, V, DO, LSE, DELTA, RHO, KVM, CHUNKS, DVL, SUF, DK, DV,
+    Q, K, V, DO, LSE, DELTA, RHO, KVM, SEGID, CHUNKS, DVL, SUF, DK, DV,
     H, NB, scale,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NQB: tl.constexpr, TAIL: tl.constexpr,
-    NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
+    SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """One program per (key chunk, head). The queries whose window holds these keys come
     in NQB blocks from the chunk on; in CC with a target longer than the source, the
@@ -226,8 +232,12 @@ def lavo_dkv_kernel(
                 dk += dk_b
                 dv += dv_b
 
-    suf = tl.load(SUF + (kid * H + h).to(tl.int64) * D + dd, mask=dd < D, other=0.0)
-    dv += suf[None, :]
+    if SEG == 1:
+        dv += tl.load(SUF + (kid * H + h).to(tl.int64) * D + dd, mask=dd < D, other=0.0)[None, :]
+    else:  # each key gets the memory gradient of its own segment
+        seg_of = tl.load(SEGID + kv_row0 + j, mask=j_ok, other=0)
+        suf_offs = ((kid * SEG + seg_of) * H + h).to(tl.int64)[:, None] * D + dd[None, :]
+        dv += tl.load(SUF + suf_offs, mask=j_ok[:, None] & (dd < D)[None, :], other=0.0)
     if not NS:
         dv += load_rows(DVL, kv_row0, j, j < m, h, H, D, BD)
     dk = tl.where(j_ok[:, None], dk * scale, 0.0)

@@ -68,23 +68,22 @@ def load_basis(BAS, h, R: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, BD: t
 
 @triton.jit
 def memory_mean(
-    V, KVM, CNT, PRE, cid, h, H, t, tt, t_ok, kv_row0, m,
-    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr,
+    V, KVM, CNT, PRE, cid, seg, h, H, t, tt, t_ok, kv_row0, m,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr,
 ):
-    """Mean of the values in each query's memory set, vbar [C, BD] fp32, and its count [C].
+    """Mean of the values in each query's memory set (segment `seg`), vbar [C, BD] fp32,
+    and its count [C].
 
-    `PRE` holds, per query chunk and head, the fp32 sum of the values the chunk's
-    queries all share: the keys before the chunk (causal) or all keys (NS). Causal
-    queries add the keys of their own chunk up to `t'` by an fp32 scan.
-    A query with an empty memory set gets vbar = 0.
+    `PRE[chunk, seg, h]` holds the fp32 sum of the values the chunk's queries all share:
+    the keys before the chunk (causal) or all keys of the segment (noncausal). Causal
+    queries add the keys of their own chunk up to `t'` by an fp32 scan; their counts are
+    t'+1, or with padding `CNT[key row]` (valid keys so far). Noncausal counts are
+    `CNT[chunk, seg]`. A query with an empty memory set gets vbar = 0.
     """
     dd = tl.arange(0, BD)
-    pre = tl.load(PRE + (cid * H + h).to(tl.int64) * D + dd, mask=dd < D, other=0.0)
+    pre = tl.load(PRE + ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, mask=dd < D, other=0.0)
     if NS:
-        if HAS_MASK:
-            cnt = tl.load(CNT + kv_row0 + m - 1) + tl.zeros([C], tl.float32)
-        else:
-            cnt = m.to(tl.float32) + tl.zeros([C], tl.float32)
+        cnt = tl.load(CNT + cid * SEG + seg) + tl.zeros([C], tl.float32)
         csum = pre[None, :] + tl.zeros([C, BD], tl.float32)
     else:
         # the chunk's own keys sit at the same local positions as its queries, j = t

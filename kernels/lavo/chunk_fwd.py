@@ -15,10 +15,11 @@ from .chunk_common import key_valid, load_basis, load_chunk, load_rows, mem_dot,
 
 @triton.jit
 def chunk_value_sums_kernel(
-    V, KVM, SUMS, CHUNKS, H,
-    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, HAS_MASK: tl.constexpr,
+    V, KVM, SEGID, SUMS, CHUNKS, H,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, SEG: tl.constexpr, HAS_MASK: tl.constexpr,
 ):
-    """SUMS[chunk, h] = fp32 sum of the valid values of a key chunk."""
+    """SUMS[chunk, s, h] = fp32 sum of the valid values of a key chunk in segment s
+    (SEGID: each key row's segment, read only when SEG > 1)."""
     cid = tl.program_id(0)
     h = tl.program_id(1)
     q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
@@ -26,7 +27,13 @@ def chunk_value_sums_kernel(
     j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
     vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD).to(tl.float32)
     dd = tl.arange(0, BD)
-    tl.store(SUMS + (cid * H + h).to(tl.int64) * D + dd, tl.sum(vb, 0), mask=dd < D)
+    if SEG == 1:
+        tl.store(SUMS + (cid * H + h).to(tl.int64) * D + dd, tl.sum(vb, 0), mask=dd < D)
+    else:
+        seg_of = tl.load(SEGID + kv_row0 + j, mask=j_ok, other=-1)
+        for s in range(SEG):
+            part = tl.sum(tl.where((seg_of == s)[:, None], vb, 0.0), 0)
+            tl.store(SUMS + ((cid * SEG + s) * H + h).to(tl.int64) * D + dd, part, mask=dd < D)
 
 
 @triton.jit
@@ -34,8 +41,8 @@ def lavo_fwd_kernel(
     Q, K, V, BAS, RHO, MU, PRE, CNT, KVM, O, LSE, CHUNKS,
     H, NB, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, C: tl.constexpr,
-    WINDOW: tl.constexpr, NKB: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr,
-    QMASK: tl.constexpr, PREC: tl.constexpr,
+    WINDOW: tl.constexpr, NKB: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr,
+    HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
 ):
     cid = tl.program_id(0)
     h = tl.program_id(1)
@@ -45,19 +52,25 @@ def lavo_fwd_kernel(
     tt = tl.minimum(t, m - 1)
     q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
 
-    # memory: r slots h_i b_i with logits scale * h_i (B q)_i + mu
+    # memory: r slots h_i b_i per segment, logits scale * h_i (B q)_i + mu_segment
     DT: tl.constexpr = Q.dtype.element_ty
     basis = load_basis(BAS, h, R, D, BR, BD).to(DT)  # [BR, BD]
     rr = tl.arange(0, BR)
-    vbar, cnt = memory_mean(V, KVM, CNT, PRE, cid, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, NS, HAS_MASK)
     g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, BR]
-    hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, BR]
-    e = (scale * hm * g + tl.load(MU + h)) * 1.4426950408889634
-    e = tl.where((rr < R)[None, :], e, float("-inf"))
-    m_i = tl.max(e, 1)
-    pm = tl.exp2(e - m_i[:, None])
-    l_i = tl.sum(pm, 1)
-    acc = mem_dot(pm * hm, basis, DT, PREC)  # [C, BD]
+    m_i = tl.full([C], float("-inf"), tl.float32)
+    l_i = tl.zeros([C], tl.float32)
+    acc = tl.zeros([C, BD], tl.float32)
+    for seg in range(SEG):  # memory logits are finite, so m_i is finite from here on
+        vbar, cnt = memory_mean(V, KVM, CNT, PRE, cid, seg, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK)
+        hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, BR]
+        e = (scale * hm * g + tl.load(MU + h * SEG + seg)) * 1.4426950408889634
+        e = tl.where((rr < R)[None, :], e, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(e, 1))
+        alpha = tl.exp2(m_i - m_new)
+        pm = tl.exp2(e - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(pm, 1)
+        acc = acc * alpha[:, None] + mem_dot(pm * hm, basis, DT, PREC)  # [C, BD]
+        m_i = m_new
 
     # window: key blocks covering [lo, hi]
     if NS:
