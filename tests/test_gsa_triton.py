@@ -109,10 +109,11 @@ def test_noncausal_cross():
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_packed_sequences(causal):
-    """cu_seqlens: sequences of 5, 17 and 50 packed in batch 1, one initial state each."""
-    cu = torch.tensor([0, 5, 22, 72])
+    """cu_seqlens: sequences of 5, 0, 17 and 50 packed in batch 1, one initial state each
+    (the empty one returns its initial state)."""
+    cu = torch.tensor([0, 5, 5, 22, 72])
     xs = _inputs(1, 72, 72, seed=9)
-    _assert_matches_reference(xs, _states(3, 1, 12, 20, 5), causal=causal, cu_seqlens=cu)
+    _assert_matches_reference(xs, _states(4, 1, 12, 20, 5), causal=causal, cu_seqlens=cu)
 
 
 def test_packed_equals_separate_runs():
