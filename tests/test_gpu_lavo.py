@@ -73,6 +73,24 @@ def test_fp32_matches_torch_path_in_float64(pattern, n, m, window, masked, packe
             kv_mask=mask if masked else None, cu_seqlens=cu)
 
 
+def test_fp32_noncausal_cross_segments_match_torch_path_in_float64():
+    q, k, v, basis, _, _ = make_inputs(2, 300, 200, 3, 48, 20, 4, False, torch.float32, seed=4)
+    mem_bias = torch.randn(3, 3, device="cuda")
+    mask = torch.rand(2, 200, device="cuda", generator=torch.Generator(device="cuda").manual_seed(2)) > 0.2
+    options = {"window": 4, "causal": False, "cross": True, "segments": 3, "scale": None, "kv_mask": mask,
+               "cu_seqlens": None}
+    grad_out = torch.randn(q.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(8))
+    leaves = [q, v, basis, mem_bias]
+    ours = lambda q, v, b, mu: chunk_lavo_attn(q, k, v, b, None, mu, **options)  # noqa: E731
+    torch_path = lambda q, v, b, mu: torch_lavo_attn(q, k.double(), v, b, None, mu, **options)  # noqa: E731
+    got = outputs_and_grads(ours, leaves, None, grad_out)
+    want = outputs_and_grads(torch_path, leaves, torch.float64, grad_out)
+    names = ("output", "dq", "dv", "dbasis", "dmem_bias")
+    errors = {name: max_rel(a.double(), b.double()) for name, a, b in zip(names, got, want)}
+    print(errors)
+    assert all(err <= 1e-4 for err in errors.values()), errors
+
+
 @pytest.mark.parametrize("batch, n", [(4, 1024), (1, 8192)])
 def test_bf16_matches_fp32_torch_path(batch, n):
     inputs = make_inputs(batch, n, n, 16, 64, 64, 128, True, torch.bfloat16, seed=n)
