@@ -5,7 +5,7 @@ The causal scan (CS) is one autograd Function over the kernels of `chunk_kernels
     forward   _chunk_write_kernel      x2  (per chunk: what it adds to K~ / V~; b = cumsum of g)
               _state_scan_kernel       x2  (K~, V~ at every chunk start: scan over chunks)
               _output_fwd_kernel           (per sub-chunk: logits, slot softmax, value read)
-    backward  _query_bwd_kernel            (per sub-chunk: p, dz, dq, query part of the gate grad)
+    backward  _query_bwd_kernel            (per sub-chunk: p from the saved logits, dz, dq, gate grad)
               _chunk_read_grad_kernel  x2  (per chunk: its reads' gradient of its start state)
               _state_scan_kernel       x2  (state gradients at every chunk end: reverse scan)
               _key_bwd_kernel              (per sub-chunk: dk, dv, ds, key part of the gate grad)
@@ -114,11 +114,12 @@ class _CausalGSA(torch.autograd.Function):
         _scan((sk, sv), gsum, (h0k, h0v) if has_h0 else None, (hk, hv) if output_final_state else None, coff,
               (dk, dv), n_seq, heads, slots, reverse=False)
         o = torch.empty(n_tok, heads, dv, dtype=q.dtype, device=q.device)
+        z = torch.empty_like(g)  # slot logits, kept for the backward
         K._output_fwd_kernel[(n_sub, heads)](
-            q, k, v, g, b, sk, sv, o, sub, scale, heads, slots, dk, dv,
+            q, k, v, g, b, sk, sv, o, z, sub, scale, heads, slots, dk, dv,
             BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SPAN=SPAN,
             num_warps=cfg.warps)
-        ctx.save_for_backward(q, k, v, g, b, gsum, sk, sv, hk, hv)
+        ctx.save_for_backward(q, k, v, g, b, z, gsum, sk, sv, hk, hv)
         ctx.scale, ctx.lengths, ctx.has_h0, ctx.cfg = scale, lengths, has_h0, cfg
         ctx.output_final_state = output_final_state
         if not output_final_state:
@@ -127,7 +128,7 @@ class _CausalGSA(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dhk, dhv):
-        q, k, v, g, b, gsum, sk, sv, hk, hv = ctx.saved_tensors
+        q, k, v, g, b, z, gsum, sk, sv, hk, hv = ctx.saved_tensors
         scale, lengths, cfg = ctx.scale, ctx.lengths, ctx.cfg
         n_tok, heads, dk = q.shape
         dv, slots = v.shape[-1], g.shape[-1]
@@ -137,7 +138,7 @@ class _CausalGSA(torch.autograd.Function):
         p, dz, dgate = torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
         dq = torch.empty_like(q)
         K._query_bwd_kernel[(n_sub, heads)](
-            q, k, v, g, b, sk, sv, do, sub, p, dz, dq, dgate, scale, heads, slots, dk, dv,
+            k, v, g, b, sk, sv, z, do, sub, p, dz, dq, dgate, scale, heads, slots, dk, dv,
             BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SPAN=SPAN,
             num_warps=cfg.warps)
 

@@ -281,13 +281,11 @@ def _read_values(w_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT
 
 
 @triton.jit
-def _slot_probs(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, scale, BT: tl.constexpr,
-                BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, SPAN: tl.constexpr):
-    """Scaled slot logits z [BC, BM] (-inf on padded slots) and their softmax p."""
-    z = _read_slots(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC, SPAN) * scale
+def _slot_softmax(z, M, BM: tl.constexpr):
+    """Softmax over the slots of z [BC, BM]; padded slots (>= M) get probability 0."""
     z = tl.where((tl.arange(0, BM) < M)[None, :], z, float("-inf"))
     e = tl.exp(z - tl.max(z, 1)[:, None])
-    return z, e / tl.sum(e, 1)[:, None]
+    return e / tl.sum(e, 1)[:, None]
 
 
 @triton.jit
@@ -299,12 +297,13 @@ def _sub_chunk_rows(sub_ptr, i_s):
 
 @triton.jit
 def _output_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sk_ptr, sv_ptr, o_ptr, sub_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sk_ptr, sv_ptr, o_ptr, z_ptr, sub_ptr,
     scale, H, M, DK, DV,
     BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     PREC: tl.constexpr, SPAN: tl.constexpr,
 ):
-    """Output of one sub-chunk: slot logits, softmax, value read, all in registers."""
+    """Output of one sub-chunk: slot logits, softmax, value read. The logits z (scaled,
+    fp32) are also stored, for the backward; the probabilities are not."""
     i_s, i_h = tl.program_id(0), tl.program_id(1)
     r, c0, i_c, eos = _sub_chunk_rows(sub_ptr, i_s)
     o_c = tl.arange(0, BC)
@@ -316,11 +315,14 @@ def _output_fwd_kernel(
     m_m = o_m < M
     q_i = tl.load(q_ptr + (rows[:, None] * H + i_h) * DK + o_k[None, :],
                   mask=m_t[:, None] & (o_k < DK)[None, :], other=0.0).to(tl.float32)
-    b_i = tl.load(b_ptr + (rows[:, None] * H + i_h) * M + o_m[None, :],
-                  mask=m_t[:, None] & m_m[None, :], other=0.0)
+    m_tm = m_t[:, None] & m_m[None, :]
+    p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
+    b_i = tl.load(b_ptr + p_tm, mask=m_tm, other=0.0)
     sk = tl.load(sk_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DK + o_k[None, :],
                  mask=m_m[:, None] & (o_k < DK)[None, :], other=0.0)
-    _, p = _slot_probs(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, scale, BT, BC, BM, BK, PREC, SPAN)
+    z = _read_slots(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC, SPAN) * scale
+    tl.store(z_ptr + p_tm, z, mask=m_tm)
+    p = _slot_softmax(z, M, BM)
     sv = tl.load(sv_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DV + o_v[None, :],
                  mask=m_m[:, None] & (o_v < DV)[None, :], other=0.0)
     o = _read_values(p, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC, SPAN)
@@ -330,7 +332,7 @@ def _output_fwd_kernel(
 
 @triton.jit
 def _query_bwd_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sk_ptr, sv_ptr, do_ptr, sub_ptr,
+    k_ptr, v_ptr, g_ptr, b_ptr, sk_ptr, sv_ptr, z_ptr, do_ptr, sub_ptr,
     p_ptr, dz_ptr, dq_ptr, dgate_ptr,
     scale, H, M, DK, DV,
     BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -338,7 +340,8 @@ def _query_bwd_kernel(
 ):
     """Query side of the backward for one sub-chunk.
 
-    Recomputes z, p; dp_t,m = do_t . V~_t[m]; dz = p (dp - <p, dp>). Writes p and dz
+    p = softmax(z) from the stored logits; dp_t,m = do_t . V~_t[m]; dz = p (dp - <p, dp>).
+    Writes p and dz
     (fp32, for the key side and the state scan), dq = scale K~_t^T dz_t, and the query
     part z*dz + p*dp of the gradient with respect to the cumulative log-gates.
     """
@@ -353,18 +356,17 @@ def _query_bwd_kernel(
     m_m = o_m < M
     m_tm = m_t[:, None] & m_m[None, :]
     p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
-    q_i = tl.load(q_ptr + (rows[:, None] * H + i_h) * DK + o_k[None, :],
-                  mask=m_t[:, None] & (o_k < DK)[None, :], other=0.0).to(tl.float32)
     do_i = tl.load(do_ptr + (rows[:, None] * H + i_h) * DV + o_v[None, :],
                    mask=m_t[:, None] & (o_v < DV)[None, :], other=0.0).to(tl.float32)
     b_i = tl.load(b_ptr + p_tm, mask=m_tm, other=0.0)
-    sk = tl.load(sk_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DK + o_k[None, :],
-                 mask=m_m[:, None] & (o_k < DK)[None, :], other=0.0)
+    z = tl.load(z_ptr + p_tm, mask=m_tm, other=0.0)
+    p = _slot_softmax(z, M, BM)
     sv = tl.load(sv_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DV + o_v[None, :],
                  mask=m_m[:, None] & (o_v < DV)[None, :], other=0.0)
-    z, p = _slot_probs(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, scale, BT, BC, BM, BK, PREC, SPAN)
     dp = _read_slots(do_i, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC, SPAN)
     dz = p * (dp - tl.sum(p * dp, 1)[:, None])
+    sk = tl.load(sk_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DK + o_k[None, :],
+                 mask=m_m[:, None] & (o_k < DK)[None, :], other=0.0)
     dq = _read_values(dz, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC, SPAN) * scale
     dgate = tl.where(m_m[None, :], z * dz, 0.0) + p * dp
     tl.store(p_ptr + p_tm, p, mask=m_tm)
