@@ -146,7 +146,7 @@ def write_default_csv(path: Path, rows: int = DEFAULT_ROWS, seed: int = DEFAULT_
             rng.uniform(8, 16)
             + rng.uniform(1, 4) * rcp.SmoothSeasonality(period=24, phase=float(rng.uniform(0, 24)))
             + rng.uniform(0.5, 2) * rcp.SmoothSeasonality(period=24 * 7, phase=float(rng.uniform(0, 168)))
-            + rcp.LinearTrend(slope=float(rng.uniform(-2, 2)))
+            + rcp.LinearTrend(slope=float(rng.uniform(-0.5, 0.5)))
             + rcp.ARp(phi=[0.9], sigma=float(rng.uniform(0.1, 0.3)))
             + rcp.RandomGaussian(stddev=float(rng.uniform(0.05, 0.2)))
         )
