@@ -103,6 +103,7 @@ class LMModule(TaskModule):
         left.plot(lengths, list(ppl.values()), marker="o")
         left.set(xscale="log", xlabel="evaluation length (tokens)", ylabel="test perplexity",
                  title="perplexity vs evaluation length")
+        left.minorticks_off()
         left.set_xticks(lengths, [str(n) for n in lengths])
         right.plot(centers, binned)
         right.axvline(seq_len, linestyle="--", color="gray", label=f"training length {seq_len}")
