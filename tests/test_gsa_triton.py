@@ -87,6 +87,24 @@ def test_both_diagonal_paths(monkeypatch, span):
     _assert_matches_reference(xs, _states(1, 1, 12, 20, 5))
 
 
+def test_compiled_loop_path(monkeypatch):
+    """The `for` loops the GPU runs (the interpreter itself takes `while` loops: under
+    numpy 2 it cannot turn a 1-element loop bound into an int; patched here to do so)."""
+    interpreter = pytest.importorskip("triton.runtime.interpreter")
+    if not hasattr(interpreter, "_patch_lang_tensor"):
+        pytest.fail("triton.runtime.interpreter._patch_lang_tensor is gone: update this test")
+    original = interpreter._patch_lang_tensor
+
+    def patch(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
+    monkeypatch.setattr(chunk, "WHILE_LOOPS", False)
+    cu = torch.tensor([0, 70, 70, 100])
+    _assert_matches_reference(_inputs(1, 100, 100, seed=13), _states(3, 1, 12, 20, 5), cu_seqlens=cu)
+
+
 def test_noncausal_self_with_padding():
     xs = _inputs(2, 37, 37, seed=6)
     mask = torch.ones(2, 37, dtype=torch.bool)
