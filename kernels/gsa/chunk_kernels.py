@@ -5,21 +5,23 @@ another (a batch of B sequences of length T is N = B*T packed tokens), log-gates
 their chunk-local cumulative sums b [N, H, M] are fp32. Two tilings:
 
 - chunks of BT positions (64): the states (K~ [M, dk], V~ [M, dv]) are kept, in fp32,
-  at the start of every chunk. They do not depend on q, so one sequential kernel per
-  (sequence, head, column block) scans them (`_state_fwd_kernel`); its mirror
-  `_state_bwd_kernel` scans the state gradients right to left.
+  at the start of every chunk. They do not depend on q: each chunk's own write is
+  computed in parallel (`_chunk_write_kernel`), then `_state_scan_kernel` runs the
+  elementwise recurrence over chunks; in the backward `_chunk_read_grad_kernel` and the
+  same scan, right to left, give the state gradients.
 - sub-chunks of BC positions (16) inside a chunk: one program per sub-chunk reads its
   chunk's start state and the earlier sub-chunks of its chunk. Both gated-linear-attention
-  passes and the slot softmax between them run in that one program; slot logits never
-  reach memory in the forward.
+  passes and the slot softmax between them run in that one program; the forward stores
+  the slot logits only for the backward.
 
 Stability: inside a chunk b is non-increasing in time, so for query row t in sub-chunk i
 and key row j in an earlier sub-chunk, exp(b_t - b_j) = exp(b_t - b_r) * exp(b_r - b_j)
 with r the first row of sub-chunk i is a product of two factors <= 1, which turns the
-block into matrix products. Pairs inside one sub-chunk take exp(b_t - b_j) directly, one
-key (or query) row at a time. No exponent is ever positive.
+block into matrix products. Pairs inside one sub-chunk use the same split with r the
+sub-chunk's first row (factors up to exp(SPAN)) when the gates decay by less than
+exp(-SPAN) across it, and otherwise take exp(b_t - b_j) directly, one row at a time.
 
-Dots run on fp32 operands: "ieee" for fp32 inputs, "tf32" otherwise.
+Dots run on fp32 operands: "ieee" for fp32 inputs, "tf32x3" otherwise.
 """
 
 import triton
