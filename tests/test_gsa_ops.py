@@ -184,7 +184,7 @@ def test_bf16_inputs():
 @pytest.mark.parametrize("pattern", ["CS", "NS"])
 def test_cu_seqlens_packing_equals_separate_sequences(pattern):
     causal = pattern == "CS"
-    lengths = [9, 20, 1, 12]
+    lengths = [9, 20, 0, 1, 12]  # an empty sequence passes its initial state through
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     tensors, state, mask = make_inputs(1, sum(lengths), sum(lengths), 2, 8, 6, 5, torch.float32, seed=7)
     state = [torch.randn(len(lengths), *s.shape[1:]) for s in state]
@@ -261,7 +261,7 @@ def test_decode_step_matches_reference_step():
         torch.testing.assert_close(a, b)
 
 
-def test_cross_attention_over_an_empty_source_reads_the_initial_state():
+def test_an_empty_source_leaves_the_state_and_cross_queries_read_it():
     (q, k, v, log_alpha), state, _ = make_inputs(2, 6, 0, 2, 8, 8, 5, torch.float64, seed=11)
     for causal in (True, False):
         o, final = gsa_attn(q, k, v, log_alpha, causal=causal, cross=True, initial_state=state,
@@ -269,6 +269,13 @@ def test_cross_attention_over_an_empty_source_reads_the_initial_state():
         o_ref, _ = reference_gsa_attn(q, k, v, log_alpha, causal=causal, cross=True, initial_state=state)
         torch.testing.assert_close(o, o_ref)
         assert all(torch.equal(a, b) for a, b in zip(final, state))
+    for causal in (True, False):  # self-attention over nothing: no output, the state passes through
+        o, final = gsa_attn(q[:, :0], k, v, log_alpha, causal=causal, initial_state=state, output_final_state=True,
+                            backend="torch")
+        assert o.shape == (2, 0, 2, 8) and all(torch.equal(a, b) for a, b in zip(final, state))
+    o, final = gsa_attn(q[:1, :0], k[:1], v[:1], log_alpha[:1], cu_seqlens=torch.tensor([0, 0, 0]),
+                        output_final_state=True, backend="torch")
+    assert o.shape == (1, 0, 2, 8) and all(f.shape[0] == 2 and not f.any() for f in final)
 
 
 # ---------------------------------------------------------------- arguments and dispatch

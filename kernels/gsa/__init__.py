@@ -54,8 +54,6 @@ def _check_attn_args(q, k, v, log_alpha, cross, initial_state, kv_mask, cu_seqle
         raise ValueError(f"gsa: empty head, head dim or slot dimension in {shapes}")
     if not cross and n != m:
         raise ValueError(f"gsa: self-attention (cross=False) needs q and k of the same length; {shapes}")
-    if not cross and m == 0:
-        raise ValueError(f"gsa: self-attention over an empty sequence; {shapes}")
     if any(x.device != q.device for x in (k, v, log_alpha)):
         raise ValueError("gsa: q, k, v, log_alpha must be on one device")
     if kv_mask is not None:
@@ -90,8 +88,8 @@ def gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, initia
     self-attention it also zeroes the padded queries' outputs); cu_seqlens [N+1] packs N
     self-attention sequences in batch 1 (FlashAttention convention), each run alone.
     initial_state (K~ [B,H,M,dk], V~ [B,H,M,dv], B = N with cu_seqlens) seeds the
-    left-to-right scan. Cross-attention accepts an empty source (S = 0): every query
-    then reads the initial state (zeros without one); no kernel is needed for that.
+    left-to-right scan. An empty source (S = 0) needs no kernel and runs on the PyTorch
+    path: the final state is the initial one, and cross-attention queries read it.
     Returns (o [B,T,H,dv] in q's dtype, final state in fp32 (fp64 for fp64 inputs) or None).
     """
     _check_attn_args(q, k, v, log_alpha, cross, initial_state, kv_mask, cu_seqlens)
