@@ -66,7 +66,7 @@ def options(window, causal=True, cross=False, kv_mask=None, cu_seqlens=None):
             "cu_seqlens": cu_seqlens}
 
 
-@pytest.mark.parametrize("n, window", [(40, 6), (37, 20), (33, 1)])
+@pytest.mark.parametrize("n, window", [(40, 6), (37, 20), (33, 1), (50, 33), (45, 17)])
 def test_causal_self_several_chunks(n, window):
     inputs = make_inputs(1, n, n, 2, 8, 4, window, True, seed=n)
     check_against_reference(small_chunks, inputs, **options(window))
@@ -108,20 +108,22 @@ def test_packed_sequences_with_padding():
     check_against_reference(small_chunks, inputs, **options(4, kv_mask=mask, cu_seqlens=cu_seqlens))
 
 
-@pytest.mark.parametrize("masked", [False, True])
-def test_noncausal_self(masked):
+@pytest.mark.parametrize("masked, window", [(False, 8), (True, 8), (False, 32), (True, 34)])
+def test_noncausal_self(masked, window):
+    # window / 2 = 16 is exactly one chunk, 17 one more than a chunk
     n = 40
-    inputs = make_inputs(1, n, n, 2, 8, 4, 8, False, seed=11)
+    inputs = make_inputs(1, n, n, 2, 8, 4, window, False, seed=11)
     mask = random_mask(1, n, seed=11, keep_first=False) if masked else None
-    check_against_reference(small_chunks, inputs, **options(8, causal=False, kv_mask=mask))
+    check_against_reference(small_chunks, inputs, **options(window, causal=False, kv_mask=mask))
 
 
-@pytest.mark.parametrize("n, m, masked", [(45, 30, False), (20, 45, True), (70, 9, False)])
-def test_causal_cross(n, m, masked):
+@pytest.mark.parametrize("n, m, masked, window", [(45, 30, False, 6), (20, 45, True, 6), (70, 9, False, 6), (60, 43, False, 17)])
+def test_causal_cross(n, m, masked, window):
     # target longer than the source: queries past it are anchored at the last position
-    inputs = make_inputs(1, n, m, 2, 8, 4, 6, True, seed=n + m)
+    # (w = 17: the last window, keys 26..42, is not aligned to the chunks)
+    inputs = make_inputs(1, n, m, 2, 8, 4, window, True, seed=n + m)
     mask = random_mask(1, m, seed=n, keep_first=False) if masked else None
-    check_against_reference(small_chunks, inputs, **options(6, cross=True, kv_mask=mask))
+    check_against_reference(small_chunks, inputs, **options(window, cross=True, kv_mask=mask))
 
 
 @pytest.mark.parametrize(

@@ -145,11 +145,16 @@ def _compile_args(q, chunk, noncausal, window, kv_mask, cross):
     """The kernels' compile-time arguments."""
     d = q.shape[-1]
     half = window // 2 if noncausal else 0
-    span = 2 * half + chunk if noncausal else window + chunk - 1  # keys one chunk's windows reach
-    no_window = noncausal and cross  # NC: memory only
+    # key blocks a query chunk's windows touch (NKB) and query blocks a key chunk's keys
+    # are seen by (NQB); CC chunks past the source see the last w keys, which touch
+    # at most as many blocks as an aligned causal window
+    if noncausal:
+        nkb = nqb = 0 if cross else 2 * -(-half // chunk) + 1
+    else:
+        nkb = -(-(window - 1) // chunk) + 1
+        nqb = (window + chunk - 2) // chunk + 1
     return dict(
-        D=d, BD=max(16, triton.next_power_of_2(d)), C=chunk, WINDOW=window, NS=noncausal, HALF=half,
-        NKB=0 if no_window else (span - 1) // chunk + 2,  # blocks a span of that many positions can touch
+        D=d, BD=max(16, triton.next_power_of_2(d)), C=chunk, WINDOW=window, NS=noncausal, HALF=half, NKB=nkb, NQB=nqb,
         HAS_MASK=kv_mask is not None, QMASK=kv_mask is not None and not cross,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
     )
@@ -196,7 +201,7 @@ class _LavoChunkFn(torch.autograd.Function):
         br = max(16, triton.next_power_of_2(rank))
         lavo_fwd_kernel[(len(layout.qchunks), heads)](
             qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, layout.qchunks,
-            heads, rho.shape[1], scale, R=rank, BR=br, SEG=segments, num_warps=warps["fwd"], **meta,
+            heads, rho.shape[1], scale, R=rank, BR=br, SEG=segments, num_warps=warps["fwd"], **_pick(meta, _Q_META),
         )
         ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm, segid)
         ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, br, scale, window, segments)
@@ -221,7 +226,7 @@ class _LavoChunkFn(torch.autograd.Function):
         dmu_part = torch.empty(groups, heads, segments, **f32)
         dvl = (torch.zeros if m > n else torch.empty)(vf.shape, **f32)
         wsum = torch.empty(nq, segments, heads, d, **f32)
-        common = {x: meta[x] for x in ("D", "BD", "C", "NS", "HAS_MASK", "QMASK", "PREC")}
+        common = _pick(meta, ("D", "BD", "C", "NS", "HAS_MASK", "QMASK", "PREC"))
         lavo_mem_bwd_kernel[(groups, heads)](
             qf, vf, o, dof, lse, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, delta, db_part, dmu_part, dvl, wsum,
             heads, nq, scale, R=rank, BR=br, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),
@@ -232,7 +237,7 @@ class _LavoChunkFn(torch.autograd.Function):
             dq = torch.empty_like(qf)
             lavo_dq_kernel[(nq, heads)](
                 qf, kf, vf, dof, lse, delta, rho, kvm, layout.qchunks, dq_mem, dq, drho, heads, rho.shape[1], scale,
-                num_warps=warps["dq"], **meta,
+                num_warps=warps["dq"], **_pick(meta, _Q_META),
             )
         else:  # NC: no window, dq is the memory's alone
             dq = dq_mem.to(qf.dtype)
@@ -244,8 +249,7 @@ class _LavoChunkFn(torch.autograd.Function):
         dv = torch.empty_like(vf)
         lavo_dkv_kernel[(nk, heads)](
             qf, kf, vf, dof, lse, delta, rho, kvm, segid, layout.kchunks, dvl, suf, dk, dv,
-            heads, rho.shape[1], scale, NQB=meta["NKB"], TAIL=tail, SEG=segments, num_warps=warps["dkv"],
-            **{x: meta[x] for x in _DKV_META},
+            heads, rho.shape[1], scale, TAIL=tail, SEG=segments, num_warps=warps["dkv"], **_pick(meta, _DKV_META),
         )
         basis_dtype, rho_dtype, mu_dtype, mu_shape = ctx.param_dtypes
         dmu = dmu_part.sum(0)  # [H, S]
@@ -259,4 +263,9 @@ class _LavoChunkFn(torch.autograd.Function):
         )
 
 
-_DKV_META = ("D", "BD", "C", "WINDOW", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
+_Q_META = ("D", "BD", "C", "WINDOW", "NKB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")  # forward and dq kernels
+_DKV_META = ("D", "BD", "C", "WINDOW", "NQB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
+
+
+def _pick(meta, keys):
+    return {key: meta[key] for key in keys}

@@ -137,22 +137,21 @@ def lavo_dq_kernel(
         hi = tl.minimum(c * C + C - 1, m - 1)
     for b in range(NKB):
         start = lo - lo % C + b * C
-        if start <= hi:
-            j = start + tl.arange(0, C)
-            j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
-            kb = load_rows(K, kv_row0, j, j_ok, h, H, D, BD)
-            vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD)
-            s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)
-            p = tl.exp2(s - lse[:, None])
-            dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
-            ds = tl.where(in_win & t_ok[:, None], p * (dp - delta[:, None]), 0.0)
-            dq += tl.dot(ds.to(kb.dtype), kb, input_precision=PREC)
-            if NS:
-                _bias_grad(DRHO, ds, h, NB, c * C - start + HALF, C)
-            elif (c * C + C - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
-                _bias_grad(DRHO, ds, h, NB, c * C - start, C)
-            else:  # CC queries past the source share t' = m - 1: one add per score
-                tl.atomic_add(DRHO + h * NB + bias_idx, ds, mask=in_win & t_ok[:, None])
+        j = start + tl.arange(0, C)
+        j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
+        kb = load_rows(K, kv_row0, j, j_ok, h, H, D, BD)
+        vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD)
+        s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)
+        p = tl.exp2(s - lse[:, None])
+        dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
+        ds = tl.where(in_win & t_ok[:, None], p * (dp - delta[:, None]), 0.0)
+        dq += tl.dot(ds.to(kb.dtype), kb, input_precision=PREC)
+        if NS:
+            _bias_grad(DRHO, ds, h, NB, c * C - start + HALF, C)
+        elif (c * C + C - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
+            _bias_grad(DRHO, ds, h, NB, c * C - start, C)
+        else:  # CC queries past the source share t' = m - 1: one add per score
+            tl.atomic_add(DRHO + h * NB + bias_idx, ds, mask=in_win & t_ok[:, None])
     dq = dq * scale + load_rows(DQM, q_row0, t, t < n, h, H, D, BD)
     store_rows(DQ, dq, q_row0, t, t < n, h, H, D, BD)
 
@@ -213,13 +212,12 @@ def lavo_dkv_kernel(
         hi = tl.minimum(c * C + C - 1 + WINDOW - 1, n - 1)
     for b in range(NQB):
         start = lo - lo % C + b * C
-        if start <= hi:
-            dk_b, dv_b = _dkv_tile(
-                Q, DO, LSE, DELTA, RHO, KVM, kb, vb, j, j_ok, start, 0, hi, q_row0, n, kv_row0, m, h, H, NB, scale,
-                D, BD, C, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
-            )
-            dk += dk_b
-            dv += dv_b
+        dk_b, dv_b = _dkv_tile(
+            Q, DO, LSE, DELTA, RHO, KVM, kb, vb, j, j_ok, start, 0, hi, q_row0, n, kv_row0, m, h, H, NB, scale,
+            D, BD, C, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
+        )
+        dk += dk_b
+        dv += dv_b
     tail_from = tl.maximum(hi + 1, m)  # queries not seen above, anchored at m - 1
     if c * C + C - 1 > m - 1 - WINDOW:  # some key of the chunk is in the last window
         for b in range(TAIL):

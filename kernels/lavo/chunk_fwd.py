@@ -1,8 +1,9 @@
 """LAVO forward kernels: per-chunk value sums, then window + memory in one online softmax.
 
 One program per (query chunk, head). Loops run a compile-time number of times (NKB key
-blocks, enough for any chunk's window) and skip what lies outside; loop bounds computed
-at run time would not run under Triton's interpreter with numpy 2. The memory logits come first (they are finite
+blocks, exactly what an interior chunk's window needs) and mask what lies outside:
+loop bounds computed at run time would not run under Triton's interpreter with numpy 2,
+and a loop without branches can be software-pipelined. The memory logits come first (they are finite
 for every query, so the running maximum never stays -inf), then the window key blocks
 in order; scores never leave the chip. See chunk_common.py for the layout.
 """
@@ -79,20 +80,19 @@ def lavo_fwd_kernel(
     else:
         lo = tl.maximum(tl.minimum(c * C, m - 1) - WINDOW + 1, 0)
         hi = tl.minimum(c * C + C - 1, m - 1)
-    for b in range(NKB):  # a fixed trip count; blocks past `hi` are skipped
+    for b in range(NKB):  # a fixed trip count; keys past `hi` are masked out
         start = lo - lo % C + b * C
-        if start <= hi:
-            j = start + tl.arange(0, C)
-            j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
-            kb = load_rows(K, kv_row0, j, j_ok, h, H, D, BD)
-            vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD)
-            s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PREC)
-            m_i = m_new
+        j = start + tl.arange(0, C)
+        j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
+        kb = load_rows(K, kv_row0, j, j_ok, h, H, D, BD)
+        vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD)
+        s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PREC)
+        m_i = m_new
 
     o = acc / l_i[:, None]
     if QMASK:  # self-attention with padding: a padded query outputs 0
