@@ -117,7 +117,9 @@ def test_noncausal_self(masked, window):
     check_against_reference(small_chunks, inputs, **options(window, causal=False, kv_mask=mask))
 
 
-@pytest.mark.parametrize("n, m, masked, window", [(45, 30, False, 6), (20, 45, True, 6), (70, 9, False, 6), (60, 43, False, 17)])
+@pytest.mark.parametrize(
+    "n, m, masked, window", [(45, 30, False, 6), (20, 45, True, 6), (70, 9, False, 6), (60, 43, False, 17)]
+)
 def test_causal_cross(n, m, masked, window):
     # target longer than the source: queries past it are anchored at the last position
     # (w = 17: the last window, keys 26..42, is not aligned to the chunks)
