@@ -60,6 +60,7 @@ def lavo_chunked(
         )
     if q.shape[0] * q.shape[1] == 0:
         return torch.zeros_like(q)
+    k, v = k.to(q.dtype), v.to(q.dtype)  # the kernels read q, k, v as one dtype
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return _LavoChunkFn.apply(
         q, k, v, basis, rel_bias, mem_bias, window, causal, cross, segments, scale, kv_mask, cu_seqlens, chunk
