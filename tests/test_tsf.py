@@ -1,0 +1,212 @@
+"""Forecasting metrics against hand-computed values, the module's test figures against
+an independent float64 recomputation, the model's use of the known steps only, and
+end-to-end runs of `task=tsf` with every attention."""
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from lavo_tasks import evaluate, train
+from lavo_tasks.config import compose
+from lavo_tasks.tasks.tsf.data import TSFDataModule
+from lavo_tasks.tasks.tsf.metrics import GluonTSErrors, ScaledErrors, seasonal_errors
+from lavo_tasks.tasks.tsf.module import TSFModule
+
+with warnings.catch_warnings():  # gluonts suggests faster json packages on import
+    warnings.simplefilter("ignore")
+    from gluonts.evaluation.metrics import calculate_seasonal_error
+
+TINY = ["model.d_model=16", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1", "model.d_ff=32",
+        "data.seq_len=16", "data.label_len=8", "data.pred_len=4"]
+# Small attention settings for the tiny model (head dim 8).
+ATTENTION_ARGS = {
+    "softmax": [],
+    "lavo": ["attention.window=8", "attention.rank=4"],
+    "gsa": ["attention.slots=8"],
+    "local": ["attention.window=8", "model.cross_attention=softmax"],  # local has no cross pattern
+}
+
+
+# --- metrics by hand
+
+
+def test_scaled_errors_average_every_element():
+    # Informer's protocol: the mean over windows, horizon and channels, whatever the batches.
+    errors = ScaledErrors()
+    errors.update(torch.tensor([[[1.0], [2.0]], [[0.0], [0.0]]]), torch.zeros(2, 2, 1))  # errors 1, 2, 0, 0
+    errors.update(torch.tensor([[[-6.0], [1.0]]]), torch.zeros(1, 2, 1))  # a smaller batch: errors -6, 1
+    figures = errors.compute()
+    assert figures["mse"] == pytest.approx((1 + 4 + 0 + 0 + 36 + 1) / 6)  # not the mean of batch means (1.25, 18.5)
+    assert figures["mae"] == pytest.approx((1 + 2 + 0 + 0 + 6 + 1) / 6)
+
+
+def test_gluonts_errors_by_hand():
+    # Two windows, horizon 2, one channel; seasonal errors 2 and 1.
+    truth = np.array([[[2.0], [4.0]], [[1.0], [3.0]]])
+    prediction = np.array([[[3.0], [4.0]], [[1.0], [1.0]]])
+    errors = GluonTSErrors()
+    errors.update(prediction[:1], truth[:1], np.array([[2.0]]))
+    errors.update(prediction[1:], truth[1:], np.array([[1.0]]))
+    figures = errors.compute()
+    # absolute errors 1, 0 | 0, 2
+    assert figures["mase"] == pytest.approx((1 / 2 + 0 / 2 + 0 / 1 + 2 / 1) / 4)
+    assert figures["smape"] == pytest.approx((2 * 1 / 5 + 0 + 0 + 2 * 2 / 4) / 4)
+    assert figures["nd"] == pytest.approx((1 + 0 + 0 + 2) / (2 + 4 + 1 + 3))
+
+
+def test_gluonts_errors_keep_channels_apart():
+    # [B=1, H=2, C=2]: channel 0 is off by 1 with seasonal error 1, channel 1 off by 4 with 4.
+    truth = np.array([[[10.0, 20.0], [10.0, 20.0]]])
+    errors = GluonTSErrors()
+    errors.update(truth + np.array([1.0, 4.0]), truth, np.array([[1.0, 4.0]]))
+    assert errors.compute()["mase"] == pytest.approx(1.0)
+
+
+def test_seasonal_errors_match_gluonts():
+    series = np.random.default_rng(0).normal(size=(60, 2)).cumsum(axis=0)
+    starts = np.array([2, 5, 6, 7, 30, 60])
+    ours = seasonal_errors(series, starts, seasonality=6)
+    for row, s in enumerate(starts):
+        for c in range(2):
+            assert ours[row, c] == pytest.approx(calculate_seasonal_error(series[:s, c], seasonality=6))
+
+
+# --- the module's test figures, recomputed independently
+
+
+def linear_csv(path: Path, rows: int = 200) -> Path:
+    """Daily rows; column `a` = row index, `OT` = 2 x row index."""
+    i = np.arange(rows)
+    pd.DataFrame({"date": pd.date_range("2020-01-01", periods=rows, freq="D"), "a": i, "OT": 2 * i}).to_csv(path, index=False)
+    return path
+
+
+def tiny_config(tmp_path: Path, *args: str):
+    cfg = compose(["task=tsf", *TINY, f"run.dir={tmp_path / 'run'}", *args])
+    OmegaConf.set_struct(cfg, False)
+    return cfg
+
+
+def test_module_test_figures(tmp_path):
+    cfg = tiny_config(tmp_path, f"data.path={linear_csv(tmp_path / 'lin.csv')}", "data.batch_size=5")
+    dm = TSFDataModule(cfg)
+    dm.prepare_data()
+    dm.setup("fit")
+    torch.manual_seed(0)
+    module = TSFModule(cfg, dm)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    figures = trainer.test(module, datamodule=dm, verbose=False)[0]
+
+    # Reference: every test window one at a time, float64 numpy.
+    module.eval()
+    test = dm.datasets["test"]
+    assert len(test) % 5 != 0  # the last batch is smaller
+    pred_len, label_len, m = 4, 8, 1  # seasonality of daily data in gluonts: 1
+    predictions, truths, past = [], [], []
+    with torch.no_grad():
+        for i in range(len(test)):
+            item = test[i]
+            forecast = module.model(item["x"][None], item["x_mark"][None], item["y"][None, :label_len], item["y_mark"][None])
+            predictions.append(forecast[0].double().numpy())
+            truths.append(item["y"][-pred_len:].double().numpy())
+            past.append(int(item["start"]))
+    prediction, truth = np.stack(predictions), np.stack(truths)  # [W, pred_len, 2]
+    assert figures["test_mse"] == pytest.approx(np.mean((prediction - truth) ** 2), rel=1e-5)
+    assert figures["test_mae"] == pytest.approx(np.mean(np.abs(prediction - truth)), rel=1e-5)
+
+    unscaled = prediction * dm.std + dm.mean
+    true_values = np.stack([dm.raw[s:s + pred_len] for s in past])
+    scale = np.array([[np.mean(np.abs(dm.raw[m:s, c] - dm.raw[:s - m, c])) for c in range(2)] for s in past])
+    assert np.allclose(scale, [1.0, 2.0])  # the series rise by 1 and 2 a row
+    error = np.abs(unscaled - true_values)
+    assert figures["test_mase"] == pytest.approx(np.mean(error / scale[:, None, :]), rel=1e-5)
+    assert figures["test_smape"] == pytest.approx(np.mean(2 * error / (np.abs(true_values) + np.abs(unscaled))), rel=1e-5)
+    assert figures["test_nd"] == pytest.approx(error.sum() / np.abs(true_values).sum(), rel=1e-5)
+
+    # Repeat-last-value on a line: the error at horizon step h is h rows, h / std in scaled units.
+    std = np.sqrt((140**2 - 1) / 12)  # population std of 0..139, the training rows
+    h = np.arange(1, pred_len + 1)
+    assert figures["test_last_value_mse"] == pytest.approx(np.mean(h**2) / std**2, rel=1e-5)
+    assert figures["test_last_value_mae"] == pytest.approx(np.mean(h) / std, rel=1e-5)
+    assert (tmp_path / "run" / "artifacts" / "forecasts.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("mode, n_outputs", [("M", 2), ("MS", 1), ("S", 1)])
+def test_forecast_uses_only_known_steps(tmp_path, mode, n_outputs):
+    cfg = tiny_config(tmp_path, f"data.path={linear_csv(tmp_path / 'lin.csv')}", f"data.mode={mode}")
+    dm = TSFDataModule(cfg)
+    dm.prepare_data()
+    dm.setup("fit")
+    module = TSFModule(cfg, dm).eval()
+    batch = next(iter(dm.test_dataloader()))
+    prediction, truth = module.forecast(batch)
+    assert prediction.shape == truth.shape == (32, 4, n_outputs)
+    # the truth is the target OT, the last column: 2 x row index, scaled
+    rows = batch["start"][:, None] + torch.arange(4)
+    assert torch.allclose(truth[..., -1], ((2 * rows - dm.mean[-1]) / dm.std[-1]).float())
+    leaked = dict(batch, y=batch["y"].clone())
+    leaked["y"][:, 8:] = 100.0  # the steps to forecast
+    assert torch.equal(module.forecast(leaked)[0], prediction)
+    changed = dict(batch, y=batch["y"].clone())
+    changed["y"][:, 7] += 1.0  # the last known step
+    assert not torch.equal(module.forecast(changed)[0], prediction)
+
+
+# --- end to end through the runner, on the embedded default series
+
+
+def check_run(run_dir: Path, metrics: dict) -> None:
+    expected = {"test_mse", "test_mae", "test_mase", "test_smape", "test_nd", "test_last_value_mse", "test_last_value_mae"}
+    assert expected <= set(metrics) and all(np.isfinite(v) for v in metrics.values())
+    assert json.loads((run_dir / "metrics.json").read_text()) == pytest.approx(metrics)
+    assert (run_dir / "artifacts" / "forecasts.png").is_file()
+    assert (run_dir / "data" / "synthetic_hourly.csv").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ["lavo", "gsa", "local"])
+def test_train_few_steps(tmp_path, attention):
+    run_dir = tmp_path / attention
+    metrics = train.run([
+        "task=tsf", f"attention={attention}", *TINY, *ATTENTION_ARGS[attention], f"run.dir={run_dir}",
+        "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=2",
+        "trainer.limit_test_batches=3", "trainer.enable_progress_bar=false", "data.batch_size=16",
+    ])
+    check_run(run_dir, metrics)
+
+
+@pytest.mark.slow
+def test_softmax_learns_and_evaluate_reproduces(tmp_path):
+    run_dir = tmp_path / "softmax"
+    metrics = train.run([
+        "task=tsf", "attention=softmax", *TINY, f"run.dir={run_dir}", "optim.warmup_steps=5", "optim.lr=0.01",
+        "trainer.max_steps=40", "trainer.val_check_interval=10", "trainer.limit_val_batches=4",
+        "trainer.limit_test_batches=4", "trainer.enable_progress_bar=false", "data.batch_size=16",
+    ])
+    check_run(run_dir, metrics)
+    losses = [json.loads(line)["val_loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 4 and losses[-1] < 0.8 * losses[0]  # measured: 1.23 -> 0.85
+    assert evaluate.run([f"run.dir={run_dir}"]) == pytest.approx(metrics)
+
+
+@pytest.mark.slow
+def test_cli_bad_csv_is_one_line(tmp_path):
+    path = linear_csv(tmp_path / "bad.csv")
+    lines = path.read_text().splitlines()
+    lines[3] = lines[3].rsplit(",", 1)[0] + ",n/a"
+    path.write_text("\n".join(lines) + "\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "lavo_tasks.train", "task=tsf", f"data.path={path}", f"run.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"error: {path}: line 4, column 'OT': 'n/a' is not a number"
