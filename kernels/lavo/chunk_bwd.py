@@ -8,7 +8,7 @@ Per query t (log-sum-exp `lse` saved by the forward, Delta_t = dO_t . o_t):
   dh_i = scale de_i g_i + pm_i u_i; dq += B^T dg; dB += dg q^T + (pm h) dO^T + dh vbar^T;
   and dvbar = B^T dh reaches every value of the memory set divided by its count:
   dv_j += sum over queries t whose set holds j of dvbar_t / count_t, a reverse
-  cumulative sum (causal) or one sum (NS).
+  cumulative sum (causal) or one sum per segment (noncausal).
 
 Three kernels, in this order: `lavo_mem_bwd_kernel` (the memory, query side),
 `lavo_dq_kernel` (the window's dq and drho) and `lavo_dkv_kernel` (the window's dk, dv,

@@ -4,18 +4,17 @@ Layout every kernel sees: q, k, v, o flattened to `[rows, heads, dim]` (contiguo
 sequence after another; a chunk table row `(q_row0, n, kv_row0, m, c)` names a sequence
 by its first query row, its query length, its first key row, its key length, and the
 chunk index `c` inside it (chunk `c` covers local positions `c*C .. c*C+C-1`).
-Logits are kept in log2 units (multiplied by LOG2E) so that `exp2` does the softmax;
-the saved log-sum-exp is in the same units.
+Logits are kept in log2 units (multiplied by log2(e) = 1.4426950408889634) so that
+`exp2` does the softmax; the saved log-sum-exp is in the same units.
 
 Patterns: CS and CC share one code path (`NS=False`): query `t` is anchored at
 `t' = min(t, m-1)`, which is `t` itself in self-attention. NS (`NS=True`) uses the
-symmetric window `|t-j| <= HALF` and one memory for the whole sequence.
+symmetric window `|t-j| <= HALF` and one memory per segment for the whole sequence
+(one segment); NC is the same with no window blocks (NKB = 0) and SEG segments.
 """
 
 import triton
 import triton.language as tl
-
-LOG2E = 1.4426950408889634
 
 
 @triton.jit
