@@ -107,9 +107,13 @@ def _batched_layout(batch, n, m, chunk, noncausal, device):
 
 
 def _range_sums(totals, hi, lo):
-    """Sums of totals[lo:hi] (chunk axis 0) for each index pair, through a float64 prefix sum."""
-    prefix = torch.cat([totals.new_zeros(1, *totals.shape[1:]), totals.double().cumsum(0)])
-    return (prefix[hi] - prefix[lo]).float().contiguous()
+    """Sums of totals[lo:hi] (chunk axis 0) for each index pair, through a float64 prefix
+    sum. The chunk axis is made innermost first: PyTorch's scan along the outer axis
+    measured 0.2 ms per call at 1,024 chunks on an H200; the innermost-axis scan is its
+    fast path (not yet timed here)."""
+    chunks_last = totals.double().movedim(0, -1).contiguous()  # [..., chunks]
+    prefix = torch.cat([chunks_last.new_zeros(*chunks_last.shape[:-1], 1), chunks_last.cumsum(-1)], -1)
+    return (prefix[..., hi] - prefix[..., lo]).movedim(-1, 0).float().contiguous()
 
 
 def _valid_counts(valid, cu_seqlens):
