@@ -192,6 +192,19 @@ def parse_value(key: str, raw: str, default):
     return value
 
 
+def _check_site(cfg: DictConfig, site: str, pattern: str) -> None:
+    """The attention of one site of the task's model can run that site's pattern with
+    these values (an odd window in noncausal self-attention, say, fails here)."""
+    attention = cfg.attention if site == "attention" else site_attention(cfg, site)
+    try:
+        block_class(attention.name).check_config(attention, cfg.model.d_model, cfg.model.n_heads, pattern)
+    except ConfigError as err:
+        if site == "attention" or cfg.model[site]:
+            raise
+        raise ConfigError(f"{err} (at model.{site}, which follows attention=; "
+                          f"set model.{site} to another attention)") from None
+
+
 def site_attention(cfg: DictConfig, site: str) -> DictConfig:
     """The attention config of one site of an encoder-decoder model.
 
@@ -212,13 +225,10 @@ def site_attention(cfg: DictConfig, site: str) -> DictConfig:
 def validate(cfg: DictConfig) -> None:
     """Range checks after `compose`; raises ConfigError naming the first bad key."""
     _check_basics(cfg)
-    d_model, n_heads = cfg.model.d_model, cfg.model.n_heads
-    block_class(cfg.attention.name).check_config(cfg.attention, d_model, n_heads)
-    for site in SITES:
-        if site in cfg.model:
-            attention = site_attention(cfg, site)
-            block_class(attention.name).check_config(attention, d_model, n_heads)
-    tasks.load_task(cfg.task).check_config(cfg)
+    task = tasks.load_task(cfg.task)
+    for site, pattern in task.ATTENTION_SITES.items():
+        _check_site(cfg, site, pattern)
+    task.check_config(cfg)
     if cfg.data.path and not Path(cfg.data.path).expanduser().exists():
         raise ConfigError(f"data.path={cfg.data.path!r}: no such file or folder")
 

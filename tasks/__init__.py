@@ -5,6 +5,10 @@
   `setup(stage)` before it builds the module (so vocabularies, channel counts, ... are known);
 - `Module(cfg, datamodule)`: a `lavo_tasks.module.TaskModule`;
 - `check_config(cfg)`: raises ConfigError for a bad task key (before any work).
+- `ATTENTION_SITES`: {site: pattern} of the model's attentions, e.g. {"attention": "CS"}
+  for a decoder-only model, or {"encoder_attention": "NS", "decoder_attention": "CS",
+  "cross_attention": "NC"} (see `lavo_tasks.config.site_attention`); the config check
+  asks each site's attention whether it can run that pattern, before any work.
 
 Adding a task touches no other task: the runner finds it by name.
 """

@@ -47,7 +47,10 @@ def check_toy_config(cfg):
 
 @pytest.fixture
 def toy_task(monkeypatch):
-    module = types.SimpleNamespace(check_config=check_toy_config)
+    module = types.SimpleNamespace(
+        check_config=check_toy_config,
+        ATTENTION_SITES={"encoder_attention": "NS", "decoder_attention": "CS", "cross_attention": "NC"},
+    )
     real_names, real_load, real_yaml = (lavo_tasks.tasks.task_names, lavo_tasks.tasks.load_task,
                                         lavo_tasks.config.task_yaml)
     monkeypatch.setattr(lavo_tasks.tasks, "task_names", lambda: sorted([*real_names(), "toy"]))

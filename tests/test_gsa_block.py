@@ -149,7 +149,7 @@ def test_bad_config_names_the_key(key, value):
     with pytest.raises(ConfigError, match=f"attention.{key}="):
         build_attention(gsa_cfg(**{key: value}), D_MODEL, n_heads=HEADS, causal=True, cross=False)
     with pytest.raises(ConfigError, match=f"attention.{key}="):
-        GatedSlotAttention.check_config(gsa_cfg(**{key: value}), D_MODEL, HEADS)
+        GatedSlotAttention.check_config(gsa_cfg(**{key: value}), D_MODEL, HEADS, "CS")
 
 
 def test_default_config_file_builds():

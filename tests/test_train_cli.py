@@ -118,7 +118,8 @@ def check_tiny_config(cfg):
 
 @pytest.fixture
 def tiny_task(monkeypatch):
-    module = types.SimpleNamespace(DataModule=TinyData, Module=TinyModule, check_config=check_tiny_config)
+    module = types.SimpleNamespace(DataModule=TinyData, Module=TinyModule, check_config=check_tiny_config,
+                                   ATTENTION_SITES={"attention": "CS"})
     real_names, real_load, real_yaml = (lavo_tasks.tasks.task_names, lavo_tasks.tasks.load_task,
                                         lavo_tasks.config.task_yaml)
     monkeypatch.setattr(lavo_tasks.tasks, "task_names", lambda: sorted([*real_names(), "tiny"]))

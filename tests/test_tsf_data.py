@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from lavo_tasks.config import compose
+from lavo_tasks.config import compose, validate
 from lavo_tasks.errors import ConfigError, DataError
 from lavo_tasks.tasks import tsf
 from lavo_tasks.tasks.tsf.data import TSFDataModule, read_series_csv, time_features, write_default_csv
@@ -178,12 +178,21 @@ def test_check_config_errors(tmp_path):
         "data.label_len=100": "data.label_len=100: must be in [0, data.seq_len=96]",
         "data.mode=X": "data.mode='X': must be one of S, M, MS",
         "data.freq=every-now-and-then": "data.freq='every-now-and-then'",
-        "model.cross_attention=local": "set model.cross_attention to softmax, lavo or gsa",
     }
     for arg, expected in cases.items():
         with pytest.raises(ConfigError, match=None) as info:
             tsf.check_config(compose(["task=tsf", arg]))
         assert expected in str(info.value)
-    with pytest.raises(ConfigError, match="attention=local"):
-        tsf.check_config(compose(["task=tsf", "attention=local"]))
-    tsf.check_config(compose(["task=tsf", "attention=local", "model.cross_attention=softmax"]))
+
+
+def test_attention_sites_are_checked_with_their_patterns():
+    """`local` has no cross-attention and needs an even window in the NS encoder: both
+    fail in the config check, naming the site, before any data is read."""
+    with pytest.raises(ConfigError) as info:
+        validate(compose(["task=tsf", "model.cross_attention=local"]))
+    assert "'local' does not support noncausal cross-attention (NC)" in str(info.value)
+    with pytest.raises(ConfigError, match="set model.cross_attention to another attention"):
+        validate(compose(["task=tsf", "attention=local"]))
+    with pytest.raises(ConfigError, match="attention.window=5: must be even for noncausal self-attention"):
+        validate(compose(["task=tsf", "attention=local", "attention.window=5", "model.cross_attention=softmax"]))
+    validate(compose(["task=tsf", "attention=local", "model.cross_attention=softmax"]))

@@ -29,18 +29,20 @@ class AttentionBlock(nn.Module):
     def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
         super().__init__()
         self.pattern = pattern_of(causal, cross)
-        if self.pattern not in self.patterns:
-            supported = ", ".join(f"{p} ({PATTERN_NAMES[p]})" for p in sorted(self.patterns))
-            raise ConfigError(
-                f"attention {self.name!r} does not support {PATTERN_NAMES[self.pattern]} "
-                f"({self.pattern}); it supports: {supported}"
-            )
-        self.check_config(cfg, d_model, n_heads)
+        self.check_config(cfg, d_model, n_heads, self.pattern)
         self.causal, self.cross = causal, cross
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
 
     @classmethod
-    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int) -> None:
-        """Raise ConfigError naming `attention.<key>` for a bad value. Subclasses extend."""
+    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int, pattern: str) -> None:
+        """Raise ConfigError naming `attention.<key>` for a bad value, or the pattern if
+        the block cannot run it. The config validation calls this for every attention
+        site of a task before any work; subclasses extend it."""
+        if pattern not in cls.patterns:
+            supported = ", ".join(f"{p} ({PATTERN_NAMES[p]})" for p in sorted(cls.patterns))
+            raise ConfigError(
+                f"attention {cls.name!r} does not support {PATTERN_NAMES[pattern]} "
+                f"({pattern}); it supports: {supported}"
+            )
         if n_heads < 1 or d_model % n_heads:
             raise ConfigError(f"model.n_heads={n_heads}: must be >= 1 and divide model.d_model={d_model}")

@@ -40,8 +40,8 @@ class GatedSlotAttention(AttentionBlock):
     patterns = frozenset({"CS", "NS", "CC", "NC"})
 
     @classmethod
-    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int) -> None:
-        super().check_config(cfg, d_model, n_heads)
+    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int, pattern: str) -> None:
+        super().check_config(cfg, d_model, n_heads, pattern)
         slots, tau, backend = cfg.get("slots"), cfg.get("tau"), cfg.get("backend")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ConfigError(f"attention.slots={slots!r}: must be an integer >= 1")

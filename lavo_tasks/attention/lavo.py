@@ -55,8 +55,8 @@ class LavoAttention(AttentionBlock):
     patterns = frozenset({"CS", "NS", "CC", "NC"})
 
     @classmethod
-    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int) -> None:
-        super().check_config(cfg, d_model, n_heads)
+    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int, pattern: str) -> None:
+        super().check_config(cfg, d_model, n_heads, pattern)
         window, rank, segments = cfg.get("window"), cfg.get("rank"), cfg.get("cross_segments")
         head_dim = d_model // n_heads
         if not _is_int(window) or window < 1:
@@ -72,15 +72,15 @@ class LavoAttention(AttentionBlock):
             raise ConfigError(f"attention.cross_segments={segments!r}: must be an integer >= 1")
         if cfg.get("backend") not in BACKENDS:
             raise ConfigError(f"attention.backend={cfg.get('backend')!r}: allowed {', '.join(BACKENDS)}")
+        if pattern == "NS" and window % 2:
+            raise ConfigError(
+                f"attention.window={window}: must be even for noncausal self-attention (NS), "
+                "whose queries see |t - j| <= window / 2"
+            )
 
     def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
         super().__init__(cfg, d_model, n_heads=n_heads, causal=causal, cross=cross)
         self.window, self.rank, self.backend = int(cfg.window), int(cfg.rank), str(cfg.backend)
-        if self.pattern == "NS" and self.window % 2:
-            raise ConfigError(
-                f"attention.window={self.window}: must be even for noncausal self-attention (NS), "
-                "whose queries see |t - j| <= window / 2"
-            )
         self.segments = int(cfg.cross_segments) if self.pattern == "NC" else 1
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
         self.k_proj = nn.Linear(d_model, d_model, bias=False)

@@ -71,20 +71,20 @@ class LocalAttention(SoftmaxAttention):
     patterns = frozenset({"CS", "NS"})
 
     @classmethod
-    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int) -> None:
-        super().check_config(cfg, d_model, n_heads)
+    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int, pattern: str) -> None:
+        super().check_config(cfg, d_model, n_heads, pattern)
         window = cfg.get("window")
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise ConfigError(f"attention.window={window!r}: must be an integer >= 1")
+        if pattern == "NS" and window % 2:
+            raise ConfigError(
+                f"attention.window={window}: must be even for noncausal self-attention (NS), "
+                "whose queries see |t - j| <= window / 2"
+            )
 
     def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
         super().__init__(cfg, d_model, n_heads=n_heads, causal=causal, cross=cross)
         self.window = int(cfg.window)
-        if not causal and self.window % 2:
-            raise ConfigError(
-                f"attention.window={self.window}: must be even for noncausal self-attention (NS), "
-                "whose queries see |t - j| <= window / 2"
-            )
 
     def _attend(self, q, k, v, key_mask):
         return window_attention(q, k, v, window=self.window, causal=self.causal, key_mask=key_mask)

@@ -14,6 +14,7 @@ from .data import LMDataModule as DataModule
 from .module import LMModule as Module
 
 MIN_SEQ_LEN = 8
+ATTENTION_SITES = {"attention": "CS"}  # decoder-only: causal self-attention
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -34,4 +35,4 @@ def check_config(cfg: DictConfig) -> None:
     check_tokenizer_keys(cfg.data)
 
 
-__all__ = ["DataModule", "Module", "check_config"]
+__all__ = ["ATTENTION_SITES", "DataModule", "Module", "check_config"]

@@ -8,12 +8,14 @@ MASE / sMAPE / ND through gluonts, forecast-vs-truth plots.
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from lavo_tasks.config import site_attention
 from lavo_tasks.errors import ConfigError
 
 from .data import MODES
 from .data import TSFDataModule as DataModule
 from .module import TSFModule as Module
+
+# Informer: noncausal encoder, causal decoder, decoder queries over the whole encoder.
+ATTENTION_SITES = {"encoder_attention": "NS", "decoder_attention": "CS", "cross_attention": "NC"}
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -38,13 +40,6 @@ def check_config(cfg: DictConfig) -> None:
             pd.tseries.frequencies.to_offset(data.freq)
         except ValueError:
             raise ConfigError(f"data.freq={data.freq!r}: not a pandas frequency (e.g. h, 15min, D), or \"\"") from None
-    cross = site_attention(cfg, "cross_attention").name
-    if cross == "local":
-        source = "model.cross_attention" if model.cross_attention else "attention"
-        raise ConfigError(
-            f"{source}=local: local attention has no cross-attention pattern, which the decoder needs; "
-            "set model.cross_attention to softmax, lavo or gsa"
-        )
 
 
-__all__ = ["DataModule", "Module", "check_config"]
+__all__ = ["ATTENTION_SITES", "DataModule", "Module", "check_config"]
