@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from lavo_tasks.config import compose, validate
 from lavo_tasks.errors import ConfigError, DataError
 from lavo_tasks.tasks import tsf
-from lavo_tasks.tasks.tsf.data import TSFDataModule, read_series_csv, time_features, write_default_csv
+from lavo_tasks.tasks.tsf.data import TSFDataModule, read_series_csv, split_borders, time_features, write_default_csv
 
 
 def write_csv(path: Path, rows: int, freq: str, columns=("a", "OT"), start="2016-07-01 00:00:00") -> Path:
@@ -79,6 +79,12 @@ def test_other_files_split_70_10_20(tmp_path, freq):
     assert [dm.datasets[s].first_row for s in ("train", "val", "test")] == [0, 140 - 8, 160 - 8]
     assert [len(dm.datasets[s]) for s in ("train", "val", "test")] == [140 - 9, 28 - 9, 48 - 9]
     np.testing.assert_allclose(dm.mean, [69.5, 139.0])  # rows 0..139 only
+
+
+def test_split_from_an_explicit_frequency():
+    # data.freq names the step in any pandas spelling; calendar frequencies get 70/10/20
+    assert split_borders(14_400, "60min", 10)["test"] == (11520 - 10, 14400)
+    assert split_borders(14_400, "MS", 10)["test"] == (14400 - 2880 - 10, 14400)
 
 
 def test_time_features_by_hand():

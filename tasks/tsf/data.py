@@ -41,7 +41,7 @@ TIME_FEATURES = ("month", "day", "weekday", "hour", "minute")
 TIME_FEATURE_SIZES = (12, 31, 7, 24, 60)  # values are 0-based: month 0..11, day 0..30, ...
 
 ETT_MONTH_ROWS = 30 * 24  # an ETTh "month": 30 days of hourly rows
-ETT_LAYOUTS = {"h": 1, "15min": 4}  # frequency -> rows per hour
+ETT_LAYOUTS = {pd.Timedelta("1h"): 1, pd.Timedelta("15min"): 4}  # time step -> rows per hour
 
 DEFAULT_FILE = "synthetic_hourly.csv"
 DEFAULT_ROWS = 14_400  # exactly the ETTh 12/4/4-month split
@@ -103,7 +103,11 @@ def infer_freq(dates: pd.DatetimeIndex) -> str:
 
 def split_borders(n_rows: int, freq: str, seq_len: int) -> dict[str, tuple[int, int]]:
     """Row ranges [start, end) of the train / val / test slices (see the module docstring)."""
-    per_hour = ETT_LAYOUTS.get(freq)
+    offset = pd.tseries.frequencies.to_offset(freq)
+    try:
+        per_hour = ETT_LAYOUTS.get(pd.Timedelta(offset))
+    except ValueError:  # a calendar frequency (months, ...) has no fixed step
+        per_hour = None
     if per_hour is not None and n_rows >= 20 * ETT_MONTH_ROWS * per_hour:
         month = ETT_MONTH_ROWS * per_hour
         train_end, val_end, test_end = 12 * month, 16 * month, 20 * month
