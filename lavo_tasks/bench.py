@@ -64,12 +64,15 @@ def local_op(B, T, device):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     if "fn" not in _FLEX:
+        # One compiled kernel per (B, T): past dynamo's default limit of 8 recompiles the
+        # call would fall back to eager flex attention, which materialises T x T scores.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
 
     def sliding_window(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (q_idx - kv_idx < WINDOW)
 
-    mask = create_block_mask(sliding_window, None, None, T, T, device=device)
+    mask = create_block_mask(sliding_window, None, None, T, T, device=device, _compile=True)  # no dense T x T mask
     q, k, v = (_randn(B, HEADS, T, HEAD_DIM, device=device) for _ in range(3))
     return (lambda: _FLEX["fn"](q, k, v, block_mask=mask)), [q, k, v]
 
