@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from lavo_tasks.attention import ATTENTION_NAMES
 from lavo_tasks.config import compose, validate
 from lavo_tasks.corpus import SPLITS, stdlib_modules, stdlib_splits
-from lavo_tasks.errors import DataError
+from lavo_tasks.errors import ConfigError, DataError
 from lavo_tasks.tasks import lm
 from lavo_tasks.tasks.lm.data import TokenWindows, read_documents
 from lavo_tasks.tasks.lm.metrics import Perplexity
@@ -172,6 +172,22 @@ def test_layout_errors_name_what_is_wrong(tmp_path):
         read_documents(pg)
     with pytest.raises(DataError, match=r"must be a folder"):
         read_documents(tmp_path / "train.txt")
+    # the layout is checked with the configuration, before any work
+    with pytest.raises(DataError, match=r"expected folders train/ validation/ test/"):
+        tiny_cfg(tmp_path, "softmax", f"data.path={tmp_path}")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.seq_len=4", r"data.seq_len=4: must be >= 8"),
+    ("model.n_layers=0", r"model.n_layers=0: must be >= 1"),
+    ("model.dropout=1.0", r"model.dropout=1.0: must be in \[0, 1\)"),
+    ("generate.temperature=-0.5", r"generate.temperature=-0.5: must be >= 0"),
+    ("generate.max_new_tokens=0", r"generate.max_new_tokens=0: must be >= 1"),
+    ("data.tokenizer=wordpiece", r"data.tokenizer='wordpiece': allowed: byte, bpe"),
+])
+def test_bad_lm_keys_are_named(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        tiny_cfg(tmp_path, "softmax", override)
 
 
 def test_too_short_test_split_is_a_clear_error(tmp_path):

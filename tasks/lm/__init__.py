@@ -5,12 +5,15 @@ standard-library corpus), byte / BPE / given tokenizer, perplexity at the traini
 length and at 2x, 4x, 8x, text generated through the attentions' decode states.
 """
 
+from pathlib import Path
+
 from omegaconf import DictConfig, OmegaConf
 
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.tokenizer import check_tokenizer_keys
 
 from .data import LMDataModule as DataModule
+from .data import split_files
 from .module import LMModule as Module
 
 MIN_SEQ_LEN = 8
@@ -33,6 +36,8 @@ def check_config(cfg: DictConfig) -> None:
         if not ok:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)}: must be {allowed}")
     check_tokenizer_keys(cfg.data)
+    if cfg.data.path and Path(cfg.data.path).exists():  # a missing path: the runner's own error
+        split_files(Path(cfg.data.path))  # the layout, before any work; files are read later
 
 
 __all__ = ["ATTENTION_SITES", "DataModule", "Module", "check_config"]

@@ -36,25 +36,30 @@ def read_text(file: Path) -> str:
         raise DataError(f"{file}: not UTF-8 text (invalid byte at offset {err.start}); books must be UTF-8") from None
 
 
-def read_documents(path: Path) -> dict[str, list[str]]:
-    """The documents of each split of a dataset folder in the PG-19 or the plain layout."""
+def split_files(path: Path) -> dict[str, list[Path]]:
+    """The text files of each split of a dataset folder in the PG-19 or the plain layout
+    (only the layout is checked here, no file is read)."""
     if not path.is_dir():
         raise DataError(f"data.path={path}: must be a folder (PG-19 layout or train.txt/valid.txt/test.txt)")
     if all((path / split).is_dir() for split in SPLITS):
-        documents = {}
-        for split in SPLITS:
-            books = sorted((path / split).glob("*.txt"))
+        files = {split: sorted((path / split).glob("*.txt")) for split in SPLITS}
+        for split, books in files.items():
             if not books:
                 raise DataError(f"{path / split}: no .txt books in this PG-19 split folder")
-            documents[split] = [read_text(book) for book in books]
-        return documents
+        return files
     if all((path / name).is_file() for name in _PLAIN_FILES.values()):
-        return {split: [read_text(path / name)] for split, name in _PLAIN_FILES.items()}
-    found = ", ".join(sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())[:10]) or "nothing"
+        return {split: [path / name] for split, name in _PLAIN_FILES.items()}
+    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+    found = ", ".join(entries[:8]) + (f" and {len(entries) - 8} more" if len(entries) > 8 else "") or "nothing"
     raise DataError(
         f"data.path={path}: expected folders train/ validation/ test/ of .txt books (PG-19) "
         f"or files train.txt valid.txt test.txt; found: {found}"
     )
+
+
+def read_documents(path: Path) -> dict[str, list[str]]:
+    """The documents of each split: one per file, in file-name order."""
+    return {split: [read_text(file) for file in files] for split, files in split_files(path).items()}
 
 
 def token_stream(tokenizer, documents: list[str]) -> torch.Tensor:
