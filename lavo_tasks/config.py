@@ -76,6 +76,8 @@ def compose(args: list[str]) -> DictConfig:
     else:
         cfg = _fresh_config(selectors, overrides)
     OmegaConf.resolve(cfg)
+    if cfg.data.path:  # saved absolute, so evaluate and resume work from any directory
+        cfg.data.path = str(Path(cfg.data.path).expanduser().absolute())
     OmegaConf.set_struct(cfg, True)
     return cfg
 

@@ -184,3 +184,10 @@ def test_help_lists_tasks_attentions_and_keys():
     for name in [*lavo_tasks.tasks.task_names(), "softmax", "local", "lavo", "gsa", "attention.slots",
                  "trainer.max_steps=", "run.resume=", "data.path="]:
         assert name in result.stdout, name
+
+
+def test_a_relative_data_path_is_saved_absolute(toy_task, tmp_path, monkeypatch):
+    (tmp_path / "corpus").mkdir()
+    monkeypatch.chdir(tmp_path)
+    cfg = compose(["task=toy", "data.path=corpus"])
+    assert cfg.data.path == str(tmp_path / "corpus")
