@@ -28,5 +28,6 @@ def test_notebook_runs(path, tmp_path):
     assert code and all(not cell.outputs and cell.execution_count is None for cell in code), (
         f"{path.name}: store notebooks without outputs"
     )
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError, with the cell and its traceback, on any error

@@ -108,7 +108,8 @@ class LMDataModule(L.LightningDataModule):
         self.tokenizer = build_tokenizer(data, documents["train"], Path(self.cfg.run.dir))
         self.streams = {split: token_stream(self.tokenizer, docs) for split, docs in documents.items()}
 
-        need = {"train": data.seq_len + 1, "validation": data.seq_len + 1, "test": max(TEST_LENGTH_FACTORS) * data.seq_len + 1}
+        longest = max(TEST_LENGTH_FACTORS) * data.seq_len
+        need = {"train": data.seq_len + 1, "validation": data.seq_len + 1, "test": longest + 1}
         for split, n in need.items():
             if len(self.streams[split]) < n:
                 raise DataError(
@@ -116,7 +117,6 @@ class LMDataModule(L.LightningDataModule):
                     f"{data.seq_len} needs at least {n} (test is also read at {max(TEST_LENGTH_FACTORS)}x seq_len)"
                 )
         # the same test tokens at every length: a whole number of the longest blocks
-        longest = max(TEST_LENGTH_FACTORS) * data.seq_len
         test = self.streams["test"]
         self.streams["test"] = test[: (len(test) - 1) // longest * longest + 1]
 

@@ -62,14 +62,17 @@ class LMModule(TaskModule):
     def on_test_epoch_end(self) -> None:
         ppl = {name: self._all_ranks_mean_nll(acc).exp() for name, acc in zip(TEST_METRICS, self.test_ppl)}
         self.log_dict(ppl)
-        sums = self.trainer.strategy.reduce(self.position_nll.to(self.device), reduce_op="sum")
-        count = self.trainer.strategy.reduce(torch.tensor(float(self.position_count), device=self.device), reduce_op="sum")
+        reduce = self.trainer.strategy.reduce
+        sums = reduce(self.position_nll.to(self.device), reduce_op="sum")
+        count = reduce(torch.tensor(float(self.position_count), device=self.device), reduce_op="sum")
         if self.trainer.is_global_zero:
             self.write_generated_text()
             self.plot_ppl_vs_context({k: float(v) for k, v in ppl.items()}, (sums / count).cpu())
 
     def _all_ranks_mean_nll(self, acc: Perplexity) -> torch.Tensor:
-        """The mean NLL over every token every process saw (one process: acc's own)."""
+        """The mean NLL over the tokens of every process. (The runner gives each process
+        the whole evaluation split, so this is also each one's own mean; summing both
+        the NLL and the count keeps it exact however the split is shared out.)"""
         totals = torch.tensor([acc.nll_sum, float(acc.n_tokens)], dtype=torch.float64, device=self.device)
         totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
         return (totals[0] / totals[1]).float()
