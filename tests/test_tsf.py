@@ -15,6 +15,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+import lavo_tasks.runner
 from lavo_tasks import evaluate, train
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.tsf.data import TSFDataModule
@@ -196,6 +197,37 @@ def test_softmax_learns_and_evaluate_reproduces(tmp_path):
     losses = [json.loads(line)["val_loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 4 and losses[-1] < 0.8 * losses[0]  # measured: 1.23 -> 0.85
     assert evaluate.run([f"run.dir={run_dir}"]) == pytest.approx(metrics)
+
+
+class CrashAt(L.Callback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise RuntimeError("simulated crash")
+
+
+@pytest.mark.slow
+def test_resume_repeats_an_uninterrupted_run(tmp_path, monkeypatch):
+    # Training windows are drawn per step (StepBatchSampler from trainer.global_step).
+    args = ["task=tsf", *TINY, "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.limit_val_batches=2",
+            "trainer.limit_test_batches=2", "trainer.enable_progress_bar=false", "data.batch_size=8"]
+    expected = train.run([*args, f"run.dir={tmp_path / 'straight'}"])
+
+    build = lavo_tasks.runner.build_trainer
+
+    def crashing_trainer(cfg, run_dir, *, fitting):
+        trainer = build(cfg, run_dir, fitting=fitting)
+        trainer.callbacks.insert(0, CrashAt(4))  # after the checkpoint of step 3
+        return trainer
+
+    with monkeypatch.context() as patch:
+        patch.setattr(lavo_tasks.runner, "build_trainer", crashing_trainer)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            train.run([*args, f"run.dir={tmp_path / 'crashed'}"])
+    resumed = train.run([f"run.dir={tmp_path / 'crashed'}", "run.resume=last"])
+    assert resumed == expected
 
 
 @pytest.mark.slow
