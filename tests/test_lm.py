@@ -12,7 +12,7 @@ from lavo_tasks.config import compose, validate
 from lavo_tasks.corpus import SPLITS, stdlib_modules, stdlib_splits
 from lavo_tasks.errors import ConfigError, DataError
 from lavo_tasks.tasks import lm
-from lavo_tasks.tasks.lm.data import TokenWindows, read_documents
+from lavo_tasks.tasks.lm.data import read_documents
 from lavo_tasks.tasks.lm.metrics import Perplexity
 from lavo_tasks.tasks.lm.model import LanguageModel
 

@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from lavo_tasks.config import compose, validate
-from lavo_tasks.errors import ConfigError, DataError
+from lavo_tasks.errors import ConfigError
 from lavo_tasks.tasks import tsf
 from lavo_tasks.tasks.tsf.data import TSFDataModule, read_series_csv, split_borders, time_features, write_default_csv
 

@@ -131,10 +131,8 @@ def lavo_dq_kernel(
     dq = tl.zeros([C, BD], tl.float32)
     if NS:
         lo = tl.maximum(c * C - HALF, 0)
-        hi = tl.minimum(c * C + C - 1 + HALF, m - 1)
     else:
         lo = tl.maximum(tl.minimum(c * C, m - 1) - WINDOW + 1, 0)
-        hi = tl.minimum(c * C + C - 1, m - 1)
     for b in range(NKB):
         start = lo - lo % C + b * C
         j = start + tl.arange(0, C)

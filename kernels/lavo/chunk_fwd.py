@@ -76,11 +76,9 @@ def lavo_fwd_kernel(
     # window: key blocks covering [lo, hi]
     if NS:
         lo = tl.maximum(c * C - HALF, 0)
-        hi = tl.minimum(c * C + C - 1 + HALF, m - 1)
     else:
         lo = tl.maximum(tl.minimum(c * C, m - 1) - WINDOW + 1, 0)
-        hi = tl.minimum(c * C + C - 1, m - 1)
-    for b in range(NKB):  # a fixed trip count; keys past `hi` are masked out
+    for b in range(NKB):  # a fixed trip count; keys past the window are masked out
         start = lo - lo % C + b * C
         j = start + tl.arange(0, C)
         j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)

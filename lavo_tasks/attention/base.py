@@ -1,5 +1,6 @@
 """What every attention block shares: the pattern check and the config check."""
 
+import torch
 from omegaconf import DictConfig
 from torch import nn
 
@@ -46,3 +47,26 @@ class AttentionBlock(nn.Module):
             )
         if n_heads < 1 or d_model % n_heads:
             raise ConfigError(f"model.n_heads={n_heads}: must be >= 1 and divide model.d_model={d_model}")
+
+
+def check_window(window, pattern: str) -> None:
+    """`attention.window` of the windowed attentions (local, lavo): an integer >= 1, and
+    even in noncausal self-attention, whose queries see |t - j| <= window / 2."""
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ConfigError(f"attention.window={window!r}: must be an integer >= 1")
+    if pattern == "NS" and window % 2:
+        raise ConfigError(
+            f"attention.window={window}: must be even for noncausal self-attention (NS), "
+            "whose queries see |t - j| <= window / 2"
+        )
+
+
+def check_mask(mask, x: torch.Tensor, key: str) -> None:
+    """A mask must be bool [B, T] matching x [B, T, ...]; `key` names the argument."""
+    if mask is None:
+        return
+    if mask.dtype != torch.bool or tuple(mask.shape) != tuple(x.shape[:2]):
+        raise ValueError(
+            f"{key}: expected a bool tensor of shape {tuple(x.shape[:2])} (True = a real position), "
+            f"got {mask.dtype} {tuple(mask.shape)}"
+        )

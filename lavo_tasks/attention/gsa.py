@@ -16,8 +16,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..kernels import gsa_attn, gsa_decode_step
 from ..kernels.backend import BACKENDS
-from .base import AttentionBlock
-from .softmax import check_mask
+from .base import AttentionBlock, check_mask
 
 
 @dataclass

@@ -27,8 +27,7 @@ from ..kernels.lavo import (
     lavo_prefill,
     lavo_source,
 )
-from .base import AttentionBlock
-from .softmax import check_mask
+from .base import AttentionBlock, check_mask, check_window
 
 BASIS_KINDS = ("learned", "fixed")
 
@@ -59,8 +58,7 @@ class LavoAttention(AttentionBlock):
         super().check_config(cfg, d_model, n_heads, pattern)
         window, rank, segments = cfg.get("window"), cfg.get("rank"), cfg.get("cross_segments")
         head_dim = d_model // n_heads
-        if not _is_int(window) or window < 1:
-            raise ConfigError(f"attention.window={window!r}: must be an integer >= 1")
+        check_window(window, pattern)
         if not _is_int(rank) or not 1 <= rank <= head_dim:
             raise ConfigError(
                 f"attention.rank={rank!r}: must be an integer between 1 and the head dim "
@@ -72,11 +70,6 @@ class LavoAttention(AttentionBlock):
             raise ConfigError(f"attention.cross_segments={segments!r}: must be an integer >= 1")
         if cfg.get("backend") not in BACKENDS:
             raise ConfigError(f"attention.backend={cfg.get('backend')!r}: allowed {', '.join(BACKENDS)}")
-        if pattern == "NS" and window % 2:
-            raise ConfigError(
-                f"attention.window={window}: must be even for noncausal self-attention (NS), "
-                "whose queries see |t - j| <= window / 2"
-            )
 
     def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
         super().__init__(cfg, d_model, n_heads=n_heads, causal=causal, cross=cross)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from ..errors import ConfigError
+from .base import check_window
 from .softmax import SoftmaxAttention, masked_attention
 
 
@@ -73,14 +73,7 @@ class LocalAttention(SoftmaxAttention):
     @classmethod
     def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int, pattern: str) -> None:
         super().check_config(cfg, d_model, n_heads, pattern)
-        window = cfg.get("window")
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise ConfigError(f"attention.window={window!r}: must be an integer >= 1")
-        if pattern == "NS" and window % 2:
-            raise ConfigError(
-                f"attention.window={window}: must be even for noncausal self-attention (NS), "
-                "whose queries see |t - j| <= window / 2"
-            )
+        check_window(cfg.get("window"), pattern)
 
     def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
         super().__init__(cfg, d_model, n_heads=n_heads, causal=causal, cross=cross)

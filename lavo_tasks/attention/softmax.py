@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from .base import AttentionBlock
+from .base import AttentionBlock, check_mask
 from .rope import apply_rope
 
 
@@ -45,17 +45,6 @@ def attend(
     if key_mask is not None:
         allowed = allowed & key_mask[:, None, None, :]  # [B, 1, T or 1, S]
     return masked_attention(q, k, v, allowed)
-
-
-def check_mask(mask, x: torch.Tensor, key: str) -> None:
-    """A mask must be bool [B, T] matching x [B, T, ...]; `key` names the argument."""
-    if mask is None:
-        return
-    if mask.dtype != torch.bool or tuple(mask.shape) != tuple(x.shape[:2]):
-        raise ValueError(
-            f"{key}: expected a bool tensor of shape {tuple(x.shape[:2])} (True = a real position), "
-            f"got {mask.dtype} {tuple(mask.shape)}"
-        )
 
 
 @dataclass
