@@ -1,6 +1,8 @@
 """Which implementation runs an attention call: Triton kernels or the PyTorch path."""
 
 import os
+import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -25,3 +27,18 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
     if backend == "auto":
         backend = "triton" if tensors and all(t.is_cuda for t in tensors) else "torch"
     return backend
+
+
+def run_triton(requested: str, function: str, triton_call: Callable, torch_call: Callable):
+    """Run `triton_call()`; a case the kernels do not cover (they raise NotImplementedError:
+    float64, a head dim over their limit, ...) or a missing kernel module runs
+    `torch_call()` instead with a RuntimeWarning when the caller asked for "auto", and
+    raises when it asked for "triton" explicitly."""
+    try:
+        return triton_call()
+    except (ImportError, NotImplementedError) as err:
+        if requested != "auto":
+            raise
+        warnings.warn(f"{function}: Triton path unavailable ({type(err).__name__}: {err}); "
+                      "running the PyTorch path", RuntimeWarning, stacklevel=3)
+    return torch_call()

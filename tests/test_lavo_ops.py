@@ -314,3 +314,16 @@ def test_decode_step_rejects_a_state_of_another_window():
     state = LavoDecodeState.empty(2, 2, 8, 4, window=3)
     with pytest.raises(ValueError, match=r"state.keys/values \(2, 2, 2, 8\): expected \(2, 2, 3, 8\)"):
         lavo_decode_step(x, x, x, torch.zeros(2, 4, 8), torch.zeros(2, 4), torch.zeros(2), state, window=4)
+
+
+def test_auto_backend_falls_back_for_what_the_kernels_do_not_cover(monkeypatch):
+    # The Triton kernels take no float64: under "auto" (here steered to Triton through the
+    # environment) the PyTorch path answers with a warning; an explicit "triton" raises.
+    q, k, v, basis, rel_bias, mem_bias = make_inputs("CS", 9, 9, window=3)
+    monkeypatch.setenv("LAVO_TASKS_BACKEND", "triton")
+    with pytest.warns(RuntimeWarning, match="float64"):
+        o = lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=3)
+    expected = reference_lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=3)
+    assert_close_to_max(o, expected, 1e-10, "fallback output")
+    with pytest.raises(NotImplementedError, match="float64"):
+        lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=3, backend="triton")

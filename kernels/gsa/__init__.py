@@ -8,11 +8,10 @@ side is missing or does not implement a case (NotImplementedError), the PyTorch 
 runs instead, with a warning; an explicit backend="triton" never falls back.
 """
 
-import warnings
 
 import torch
 
-from ..backend import resolve_backend
+from ..backend import resolve_backend, run_triton
 from .torch_path import torch_gsa_attn, torch_gsa_step
 
 
@@ -97,17 +96,15 @@ def gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, initia
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     kwargs = dict(causal=causal, cross=cross, scale=scale, initial_state=initial_state,
                   output_final_state=output_final_state, kv_mask=kv_mask, cu_seqlens=cu_seqlens)
-    chosen = resolve_backend(backend, q)
-    if chosen == "triton" and k.shape[1] > 0:
-        try:
+    run_torch = lambda: torch_gsa_attn(q, k, v, log_alpha, **kwargs)  # noqa: E731
+    if resolve_backend(backend, q) == "triton" and k.shape[1] > 0:
+        def run_kernels():
             from .chunk import chunk_gsa_attn
 
             return chunk_gsa_attn(q, k, v, log_alpha, **kwargs)
-        except (ImportError, NotImplementedError) as err:
-            if backend != "auto":
-                raise
-            _warn_fallback("gsa_attn", err)
-    return torch_gsa_attn(q, k, v, log_alpha, **kwargs)
+
+        return run_triton(backend, "gsa_attn", run_kernels, run_torch)
+    return run_torch()
 
 
 def gsa_decode_step(q, k, v, log_alpha, state, *, scale=None, backend="auto"):
@@ -130,21 +127,15 @@ def gsa_decode_step(q, k, v, log_alpha, state, *, scale=None, backend="auto"):
     _check_state("state", state, batch, heads, slots, dk, dv, q.device)
     _check_scale(scale)
     scale = dk ** -0.5 if scale is None else float(scale)
+    run_torch = lambda: torch_gsa_step(q, k, v, log_alpha, state, scale=scale)  # noqa: E731
     if resolve_backend(backend, q) == "triton":
-        try:
+        def run_kernel():
             from .recurrent import recurrent_gsa_step
 
             return recurrent_gsa_step(q, k, v, log_alpha, state, scale=scale)
-        except (ImportError, NotImplementedError) as err:
-            if backend != "auto":
-                raise
-            _warn_fallback("gsa_decode_step", err)
-    return torch_gsa_step(q, k, v, log_alpha, state, scale=scale)
 
-
-def _warn_fallback(function, err):
-    warnings.warn(f"{function}: Triton path unavailable ({type(err).__name__}: {err}); "
-                  "running the PyTorch path", RuntimeWarning, stacklevel=3)
+        return run_triton(backend, "gsa_decode_step", run_kernel, run_torch)
+    return run_torch()
 
 
 __all__ = ["gsa_attn", "gsa_decode_step"]

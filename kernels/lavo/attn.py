@@ -1,6 +1,6 @@
 """`lavo_attn`: the whole-sequence LAVO op, checked and dispatched to a backend."""
 
-from ..backend import resolve_backend
+from ..backend import resolve_backend, run_triton
 from .checks import check_lavo_args
 from .torch_path import torch_lavo_attn
 
@@ -19,7 +19,8 @@ def lavo_attn(
     offsets of sequences packed along time (self-attention, B = 1). Returns o [B, T, H, d]
     in q's dtype. Raises ValueError for a bad argument.
 
-    backend: "auto" (Triton on CUDA tensors, PyTorch otherwise), "triton" or "torch".
+    backend: "auto" (Triton on CUDA tensors, PyTorch otherwise, and for what the kernels
+    do not cover: float64, head dim > 128), "triton" or "torch".
     """
     check_lavo_args(
         q, k, v, basis, rel_bias, mem_bias, window=window, causal=causal, cross=cross, segments=segments,
@@ -28,8 +29,12 @@ def lavo_attn(
     options = dict(
         window=window, causal=causal, cross=cross, segments=segments, scale=scale, kv_mask=kv_mask, cu_seqlens=cu_seqlens
     )
+    run_torch = lambda: torch_lavo_attn(q, k, v, basis, rel_bias, mem_bias, **options)  # noqa: E731
     if resolve_backend(backend, q) == "triton":
-        from .chunk import chunk_lavo_attn
+        def run_kernels():
+            from .chunk import chunk_lavo_attn
 
-        return chunk_lavo_attn(q, k, v, basis, rel_bias, mem_bias, **options)
-    return torch_lavo_attn(q, k, v, basis, rel_bias, mem_bias, **options)
+            return chunk_lavo_attn(q, k, v, basis, rel_bias, mem_bias, **options)
+
+        return run_triton(backend, "lavo_attn", run_kernels, run_torch)
+    return run_torch()

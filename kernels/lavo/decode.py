@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backend import resolve_backend
+from ..backend import resolve_backend, run_triton
 from .attn import lavo_attn
 from .torch_path import coefficients, compute_dtype, prefix_means, readout, segment_means
 
@@ -51,12 +51,18 @@ def lavo_decode_step(q, k, v, basis, rel_bias, mem_bias, state, *, window, scale
     LavoDecodeState) is updated in place and returned. Cost O((w + r) d) per head.
     """
     _check_step_args(q, k, v, basis, rel_bias, mem_bias, state, window)
-    if resolve_backend(backend, q) == "triton":
-        from .recurrent import recurrent_lavo_step
+    def run_torch():
+        with torch.autocast(q.device.type, enabled=False):  # float32 matmuls whatever the caller's autocast
+            return _torch_step(q, k, v, basis, rel_bias, mem_bias, state, window, scale)
 
-        return recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, window=window, scale=scale)
-    with torch.autocast(q.device.type, enabled=False):  # float32 matmuls whatever the caller's autocast
-        return _torch_step(q, k, v, basis, rel_bias, mem_bias, state, window, scale)
+    if resolve_backend(backend, q) == "triton":
+        def run_kernel():  # checks what it covers before it touches the state
+            from .recurrent import recurrent_lavo_step
+
+            return recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, window=window, scale=scale)
+
+        return run_triton(backend, "lavo_decode_step", run_kernel, run_torch)
+    return run_torch()
 
 
 def lavo_prefill(q, k, v, basis, rel_bias, mem_bias, *, window, scale=None, backend="auto"):
