@@ -188,6 +188,11 @@ def write_test_metrics(run_dir: Path, results: list[dict]) -> dict[str, float]:
     if rank_zero_only.rank == 0:
         text = json.dumps(metrics, indent=2, sort_keys=True) + "\n"
         write_atomically(run_dir / "metrics.json", lambda f: f.write(text.encode()))
+        # One table, in place of Lightning's own, which repeats every metric under each
+        # test dataloader when a task logs at the end of the test epoch.
+        width = max(map(len, metrics), default=0)
+        lines = [f"  {name:<{width}}  {value:.6g}" for name, value in sorted(metrics.items())]
+        print("\n".join([f"test metrics -> {run_dir / 'metrics.json'}", *lines, f"artifacts -> {run_dir / 'artifacts'}"]))
     return metrics
 
 
@@ -206,7 +211,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         # On resume Lightning warns that checkpoints/ is not empty: it is meant to be.
         warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-    return write_test_metrics(run_dir, trainer.test(module, datamodule=datamodule))
+    return write_test_metrics(run_dir, trainer.test(module, datamodule=datamodule, verbose=False))
 
 
 def evaluate(cfg: DictConfig, ckpt: str) -> dict[str, float]:
@@ -219,7 +224,7 @@ def evaluate(cfg: DictConfig, ckpt: str) -> dict[str, float]:
     with warnings.catch_warnings():
         # Testing needs none of the training callbacks Lightning reminds us of.
         warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks")
-        results = trainer.test(module, datamodule=datamodule, ckpt_path=str(path))
+        results = trainer.test(module, datamodule=datamodule, ckpt_path=str(path), verbose=False)
     return write_test_metrics(run_dir, results)
 
 
