@@ -1,11 +1,13 @@
 """The `lavo` block: config errors, the orthonormal basis under training, the wiring of
-projections and parameters (against the float64 reference), and decoding."""
+projections, rotary positions (self-attention) and parameters (against the float64
+reference), and decoding."""
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from lavo_tasks.attention import build_attention
+from lavo_tasks.attention.rope import apply_rope
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.kernels.lavo.reference import reference_lavo_attn
 
@@ -97,6 +99,8 @@ def test_block_equals_reference_on_its_projections(pattern, segments):
     source = context if cross else x
     split = lambda t: t.view(*t.shape[:2], HEADS, 8)  # noqa: E731
     q, k, v = split(block.q_proj(x)), split(block.k_proj(source)), split(block.v_proj(source))
+    if not cross:  # self-attention rotates queries and keys at their positions
+        q, k = apply_rope(q), apply_rope(k)
     o = reference_lavo_attn(
         q, k, v, block.basis, block.rel_bias, block.mem_bias, window=4, causal=causal, cross=cross,
         segments=segments, kv_mask=mask,

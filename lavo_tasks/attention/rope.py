@@ -1,4 +1,4 @@
-"""Rotary position embedding (RoPE) for the `softmax` and `local` blocks.
+"""Rotary position embedding (RoPE) for self-attention in the `softmax`, `local`, `lavo` blocks.
 
 The models have no absolute position embedding; rotating queries and keys by angles
 proportional to their positions makes the score of a (query, key) pair depend on the
