@@ -114,13 +114,19 @@ def _merge_preset(cfg: DictConfig, presets: DictConfig, preset: str) -> None:
         cfg.model = OmegaConf.merge(cfg.model, presets[preset])
 
 
-def _saved_config(run_dir: str, selectors: dict[str, str], overrides: list[tuple[str, str]]) -> DictConfig:
+def load_run_config(run_dir: str, command: str) -> DictConfig:
+    """The saved config.yaml of the run in `run_dir`, which `command` (resume, evaluate)
+    needs; ConfigError when there is no such run."""
     if not run_dir:
-        raise ConfigError("run.resume: needs run.dir=<the run to continue>")
+        raise ConfigError(f"run.dir: missing; {command} needs run.dir=<a run folder>")
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
-        raise ConfigError(f"run.dir={run_dir!r}: no config.yaml there, so no run to resume")
-    cfg = OmegaConf.load(path)
+        raise ConfigError(f"run.dir={run_dir!r}: no config.yaml there, so no run to {command}")
+    return OmegaConf.load(path)
+
+
+def _saved_config(run_dir: str, selectors: dict[str, str], overrides: list[tuple[str, str]]) -> DictConfig:
+    cfg = load_run_config(run_dir, "resume")
     saved = {"task": cfg.task, "attention": cfg.attention.name}
     for name, value in selectors.items():
         if value != saved[name]:

@@ -5,11 +5,10 @@ the test and rewrites the run's metrics.json and artifacts/.
 """
 
 import sys
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .config import split_args, validate
+from .config import load_run_config, split_args, validate
 from .errors import ConfigError
 from .runner import evaluate, run_cli
 
@@ -23,12 +22,7 @@ def run(args: list[str]) -> dict[str, float]:
         if key not in ARGUMENTS:
             raise ConfigError(f"unknown argument {key!r}; allowed: {', '.join(ARGUMENTS)}")
     run_dir = given.get("run.dir", "")
-    if not run_dir:
-        raise ConfigError("run.dir: missing; evaluate needs run.dir=<a run folder>")
-    config_path = Path(run_dir) / "config.yaml"
-    if not config_path.is_file():
-        raise ConfigError(f"run.dir={run_dir!r}: no config.yaml there")
-    cfg = OmegaConf.load(config_path)
+    cfg = load_run_config(run_dir, "evaluate")
     OmegaConf.set_struct(cfg, True)
     cfg.run.dir = run_dir  # the folder as given now, wherever the run was trained
     validate(cfg)

@@ -275,7 +275,7 @@ def test_a_fresh_run_does_not_overwrite_an_old_one(tiny_task, tmp_path, capsys):
 def test_resume_errors(tiny_task, tmp_path, capsys):
     cases = [
         ([f"run.dir={tmp_path / 'none'}", "run.resume=last"], "no config.yaml there"),
-        (["run.resume=last"], "needs run.dir"),
+        (["run.resume=last"], "resume needs run.dir"),
     ]
     run_dir = tmp_path / "run"
     train.run(["task=tiny", f"run.dir={run_dir}", "trainer.max_steps=1"])
