@@ -23,3 +23,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(no_gpu)
+
+
+@pytest.fixture
+def register_task(monkeypatch):
+    """`register_task(name, module, yaml_text)`: make a task defined inside a test known
+    to the task loader and the config composer, for this test only."""
+    import lavo_tasks.config
+    import lavo_tasks.tasks
+    from omegaconf import OmegaConf
+
+    def register(name, module, yaml_text):
+        real_names, real_load = lavo_tasks.tasks.task_names, lavo_tasks.tasks.load_task
+        real_yaml = lavo_tasks.config.task_yaml
+        monkeypatch.setattr(lavo_tasks.tasks, "task_names", lambda: sorted([*real_names(), name]))
+        monkeypatch.setattr(lavo_tasks.tasks, "load_task", lambda n: module if n == name else real_load(n))
+        monkeypatch.setattr(lavo_tasks.config, "task_yaml",
+                            lambda n: OmegaConf.create(yaml_text) if n == name else real_yaml(n))
+
+    return register

@@ -46,17 +46,12 @@ def check_toy_config(cfg):
 
 
 @pytest.fixture
-def toy_task(monkeypatch):
+def toy_task(register_task):
     module = types.SimpleNamespace(
         check_config=check_toy_config,
         ATTENTION_SITES={"encoder_attention": "NS", "decoder_attention": "CS", "cross_attention": "NC"},
     )
-    real_names, real_load, real_yaml = (lavo_tasks.tasks.task_names, lavo_tasks.tasks.load_task,
-                                        lavo_tasks.config.task_yaml)
-    monkeypatch.setattr(lavo_tasks.tasks, "task_names", lambda: sorted([*real_names(), "toy"]))
-    monkeypatch.setattr(lavo_tasks.tasks, "load_task", lambda name: module if name == "toy" else real_load(name))
-    monkeypatch.setattr(lavo_tasks.config, "task_yaml",
-                        lambda name: OmegaConf.create(TOY_YAML) if name == "toy" else real_yaml(name))
+    register_task("toy", module, TOY_YAML)
 
 
 def error_of(args):

@@ -117,15 +117,10 @@ def check_tiny_config(cfg):
 
 
 @pytest.fixture
-def tiny_task(monkeypatch):
+def tiny_task(register_task):
     module = types.SimpleNamespace(DataModule=TinyData, Module=TinyModule, check_config=check_tiny_config,
                                    ATTENTION_SITES={"attention": "CS"})
-    real_names, real_load, real_yaml = (lavo_tasks.tasks.task_names, lavo_tasks.tasks.load_task,
-                                        lavo_tasks.config.task_yaml)
-    monkeypatch.setattr(lavo_tasks.tasks, "task_names", lambda: sorted([*real_names(), "tiny"]))
-    monkeypatch.setattr(lavo_tasks.tasks, "load_task", lambda name: module if name == "tiny" else real_load(name))
-    monkeypatch.setattr(lavo_tasks.config, "task_yaml",
-                        lambda name: OmegaConf.create(TINY_YAML) if name == "tiny" else real_yaml(name))
+    register_task("tiny", module, TINY_YAML)
     TRAIN_LOADER_STARTS.clear()
 
 
