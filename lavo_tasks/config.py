@@ -91,9 +91,9 @@ def _fresh_config(selectors: dict[str, str], overrides: list[tuple[str, str]]) -
     preset = dict(overrides).get("model.preset")
     if preset is not None:
         _check_known(cfg, "model.preset")
-        _merge_preset(cfg, presets, parse_value("model.preset", preset, cfg.model.preset))
+        cfg = _apply_preset(cfg, presets, parse_value("model.preset", preset, cfg.model.preset))
     elif OmegaConf.select(cfg, "model.preset") is not None:
-        _merge_preset(cfg, presets, cfg.model.preset)
+        cfg = _apply_preset(cfg, presets, cfg.model.preset)
     for key, raw in overrides:
         if key == "attention.name":
             raise ConfigError(f"attention.name={raw!r}: choose the attention with attention=NAME "
@@ -102,16 +102,21 @@ def _fresh_config(selectors: dict[str, str], overrides: list[tuple[str, str]]) -
     return cfg
 
 
-def _merge_preset(cfg: DictConfig, presets: DictConfig, preset: str) -> None:
-    """Merge `presets.<preset>` of the task YAML into `cfg.model`; "default" is the
-    model keys as the task YAML writes them."""
+def _apply_preset(cfg: DictConfig, presets: DictConfig, preset: str) -> DictConfig:
+    """`cfg` with `presets.<preset>` of the task YAML merged over it. A preset may set any
+    existing key: the model sizes and the data keys that go with them (CAB's LM preset
+    sets data.seq_len too); "default" is the task YAML as written. The command line's
+    keys are applied afterwards, so they win."""
     if preset != "default" and preset not in presets:
         allowed = ", ".join(["default", *presets])
         raise ConfigError(f"model.preset={preset!r}: unknown preset for task {cfg.task}; allowed: {allowed}")
-    if preset in presets:
-        for key in presets[preset]:
-            _check_known(cfg, f"model.{key}", where=f"presets.{preset}.{key} in configs/task/{cfg.task}.yaml")
-        cfg.model = OmegaConf.merge(cfg.model, presets[preset])
+    if preset not in presets:
+        return cfg
+    entries = presets[preset]
+    for key in _all_keys(entries):
+        if not isinstance(OmegaConf.select(entries, key), DictConfig):
+            _check_known(cfg, key, where=f"presets.{preset}.{key} in configs/task/{cfg.task}.yaml")
+    return OmegaConf.merge(cfg, entries)
 
 
 def load_run_config(run_dir: str, command: str) -> DictConfig:

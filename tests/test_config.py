@@ -35,8 +35,11 @@ trainer:
   max_steps: 5
 presets:
   big:
-    d_model: 64
-    n_layers: 6
+    model:
+      d_model: 64
+      n_layers: 6
+    data:
+      seq_len: 64
 """
 
 
@@ -93,6 +96,8 @@ def test_presets(toy_task):
     assert cfg.model.preset == "big" and cfg.model.d_model == 64     # from the preset
     assert cfg.model.n_layers == 3                                   # explicit CLI key wins
     assert cfg.model.n_heads == 4                                    # untouched by the preset
+    assert cfg.data.seq_len == 64                                    # a preset sets data keys too
+    assert compose(["task=toy", "model.preset=big", "data.seq_len=20"]).data.seq_len == 20
     assert "presets" not in cfg
     assert compose(["task=toy", "model.preset=default"]).model.d_model == 32
     assert compose(["task=toy", "model.preset='big'"]).model.d_model == 64
@@ -100,11 +105,11 @@ def test_presets(toy_task):
         "model.preset='huge': unknown preset for task toy; allowed: default, big")
 
 
-def test_a_preset_may_only_set_existing_model_keys(toy_task, monkeypatch):
-    bad = TOY_YAML.replace("    n_layers: 6", "    n_layer: 6")
+def test_a_preset_may_only_set_existing_keys(toy_task, monkeypatch):
+    bad = TOY_YAML.replace("      n_layers: 6", "      n_layer: 6")
     monkeypatch.setattr(lavo_tasks.config, "task_yaml", lambda name: OmegaConf.create(bad))
     message = error_of(["task=toy", "model.preset=big"])
-    assert message.startswith("unknown key 'model.n_layer' (presets.big.n_layer in configs/task/toy.yaml)")
+    assert message.startswith("unknown key 'model.n_layer' (presets.big.model.n_layer in configs/task/toy.yaml)")
 
 
 def test_site_attention(toy_task):
@@ -186,3 +191,14 @@ def test_a_relative_data_path_is_saved_absolute(toy_task, tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     cfg = compose(["task=toy", "data.path=corpus"])
     assert cfg.data.path == str(tmp_path / "corpus")
+
+
+@pytest.mark.parametrize("task,model_keys,data_keys", [
+    ("lm", {"d_model": 768, "n_layers": 12, "n_heads": 12}, {"seq_len": 8192}),
+    ("tsf", {"d_model": 512, "n_heads": 8, "encoder_layers": 2, "decoder_layers": 1}, {}),
+])
+def test_the_cab_presets_give_cabs_sizes(task, model_keys, data_keys):
+    cfg = compose([f"task={task}", "model.preset=cab", "attention=lavo", "attention.rank=64"])
+    validate(cfg)
+    assert {key: cfg.model[key] for key in model_keys} == model_keys
+    assert {key: cfg.data[key] for key in data_keys} == data_keys
