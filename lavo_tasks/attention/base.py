@@ -5,6 +5,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..errors import ConfigError
+from ..kernels.backend import BACKENDS
 
 PATTERN_NAMES = {
     "CS": "causal self-attention",
@@ -49,11 +50,27 @@ class AttentionBlock(nn.Module):
             raise ConfigError(f"model.n_heads={n_heads}: must be >= 1 and divide model.d_model={d_model}")
 
 
+def is_int(value) -> bool:
+    """An int and not a bool (YAML's true/false would pass isinstance(value, int))."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_count(key: str, value) -> None:
+    """`attention.<key>` must be an integer >= 1 (a window, slots, segments)."""
+    if not is_int(value) or value < 1:
+        raise ConfigError(f"attention.{key}={value!r}: must be an integer >= 1")
+
+
+def check_backend(value) -> None:
+    """`attention.backend` of the attentions with kernels (lavo, gsa)."""
+    if value not in BACKENDS:
+        raise ConfigError(f"attention.backend={value!r}: allowed {', '.join(BACKENDS)}")
+
+
 def check_window(window, pattern: str) -> None:
     """`attention.window` of the windowed attentions (local, lavo): an integer >= 1, and
     even in noncausal self-attention, whose queries see |t - j| <= window / 2."""
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise ConfigError(f"attention.window={window!r}: must be an integer >= 1")
+    check_count("window", window)
     if pattern == "NS" and window % 2:
         raise ConfigError(
             f"attention.window={window}: must be even for noncausal self-attention (NS), "

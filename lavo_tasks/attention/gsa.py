@@ -15,8 +15,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..kernels import gsa_attn, gsa_decode_step
-from ..kernels.backend import BACKENDS
-from .base import AttentionBlock, check_mask
+from .base import AttentionBlock, check_backend, check_count, check_mask
 
 
 @dataclass
@@ -42,12 +41,10 @@ class GatedSlotAttention(AttentionBlock):
     def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int, pattern: str) -> None:
         super().check_config(cfg, d_model, n_heads, pattern)
         slots, tau, backend = cfg.get("slots"), cfg.get("tau"), cfg.get("backend")
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise ConfigError(f"attention.slots={slots!r}: must be an integer >= 1")
+        check_count("slots", slots)
         if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0:
             raise ConfigError(f"attention.tau={tau!r}: must be a number > 0")
-        if backend not in BACKENDS:
-            raise ConfigError(f"attention.backend={backend!r}: allowed {', '.join(BACKENDS)}")
+        check_backend(backend)
 
     def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
         super().__init__(cfg, d_model, n_heads=n_heads, causal=causal, cross=cross)

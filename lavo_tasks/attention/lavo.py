@@ -27,7 +27,6 @@ from torch import nn
 from torch.nn.utils.parametrizations import orthogonal
 
 from ..errors import ConfigError
-from ..kernels.backend import BACKENDS
 from ..kernels.lavo import (
     LavoDecodeState,
     LavoSource,
@@ -37,7 +36,7 @@ from ..kernels.lavo import (
     lavo_prefill,
     lavo_source,
 )
-from .base import AttentionBlock, check_mask, check_window
+from .base import AttentionBlock, check_backend, check_count, check_mask, check_window, is_int
 from .rope import apply_rope
 
 BASIS_KINDS = ("learned", "fixed")
@@ -70,17 +69,15 @@ class LavoAttention(AttentionBlock):
         window, rank, segments = cfg.get("window"), cfg.get("rank"), cfg.get("cross_segments")
         head_dim = d_model // n_heads
         check_window(window, pattern)
-        if not _is_int(rank) or not 1 <= rank <= head_dim:
+        if not is_int(rank) or not 1 <= rank <= head_dim:
             raise ConfigError(
                 f"attention.rank={rank!r}: must be an integer between 1 and the head dim "
                 f"{head_dim} (model.d_model={d_model} / model.n_heads={n_heads})"
             )
         if cfg.get("basis") not in BASIS_KINDS:
             raise ConfigError(f"attention.basis={cfg.get('basis')!r}: allowed {', '.join(BASIS_KINDS)}")
-        if not _is_int(segments) or segments < 1:
-            raise ConfigError(f"attention.cross_segments={segments!r}: must be an integer >= 1")
-        if cfg.get("backend") not in BACKENDS:
-            raise ConfigError(f"attention.backend={cfg.get('backend')!r}: allowed {', '.join(BACKENDS)}")
+        check_count("cross_segments", segments)
+        check_backend(cfg.get("backend"))
 
     def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
         super().__init__(cfg, d_model, n_heads=n_heads, causal=causal, cross=cross)
@@ -194,7 +191,3 @@ class _Basis(nn.Module):
     def __init__(self, init: torch.Tensor):
         super().__init__()
         self.weight = nn.Parameter(init)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
