@@ -37,8 +37,8 @@ from ...errors import ConfigError, DataError
 
 MODES = ("S", "M", "MS")
 SPLITS = ("train", "val", "test")
-TIME_FEATURES = ("month", "day", "weekday", "hour", "minute")
-TIME_FEATURE_SIZES = (12, 31, 7, 24, 60)  # values are 0-based: month 0..11, day 0..30, ...
+# month, day of month, weekday, hour, minute: the columns of time_features(), 0-based
+TIME_FEATURE_SIZES = (12, 31, 7, 24, 60)
 
 ETT_MONTH_ROWS = 30 * 24  # an ETTh "month": 30 days of hourly rows
 ETT_LAYOUTS = {pd.Timedelta("1h"): 1, pd.Timedelta("15min"): 4}  # time step -> rows per hour
