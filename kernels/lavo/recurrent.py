@@ -7,6 +7,8 @@ softmax) and the current token; the new key and value go into slot t % (w-1) aft
 every slot was read. Cost O((w + r) d) per head, whatever the context length.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -74,27 +76,40 @@ def lavo_step_kernel(
 
 def recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, *, window, scale=None):
     """`lavo_decode_step` on Triton (same arguments without `backend`, checked by the
-    caller): q, k, v [B, H, d] -> (o [B, H, d], state), state updated in place."""
+    caller): q, k, v [B, H, d] -> (o [B, H, d], state), state updated in place.
+
+    A decode step is a few microseconds of GPU work, so the host side is kept to the
+    launch: tensors already in the layout the kernel reads are passed as they are."""
     if state.mem_sum.dtype != torch.float32 or q.dtype == torch.float64:
         raise NotImplementedError("float64 decoding has no Triton kernel; use backend='torch'")
-    if not all(x.is_contiguous() for x in (state.keys, state.values, state.mem_sum)):
+    if not (state.keys.is_contiguous() and state.values.is_contiguous() and state.mem_sum.is_contiguous()):
         raise ValueError("state.keys/values/mem_sum: the Triton step updates them in place; they must be contiguous")
     batch, heads, dim = q.shape
-    rank = basis.shape[1]
-    ring = window - 1
     scale = dim**-0.5 if scale is None else float(scale)
-    q, k, v = (x.contiguous() for x in (q, k, v))
-    k, v = k.to(state.keys.dtype), v.to(state.values.dtype)
-    bas = basis.detach().float().contiguous()
-    rho = rel_bias.detach().float().contiguous()
-    mu = mem_bias.detach().float().reshape(heads).contiguous()
+    q, k, v = _ready(q, q.dtype), _ready(k, state.keys.dtype), _ready(v, state.values.dtype)
     o = torch.empty_like(q)
-    blk = min(RING_BLOCK, max(16, triton.next_power_of_2(max(ring, 1))))
+    # the kernel reads mem_bias[h] of a contiguous [H] or [H, 1] tensor alike
     lavo_step_kernel[(batch * heads,)](
-        q, k, v, bas, rho, mu, state.keys, state.values, state.mem_sum, o,
-        heads, state.count, scale,
-        D=dim, R=rank, BD=max(16, triton.next_power_of_2(dim)), BR=max(16, triton.next_power_of_2(rank)),
-        RING=ring, BLK=blk, NBLK=triton.cdiv(ring, blk), num_warps=4,
+        q, k, v, _ready(basis, torch.float32), _ready(rel_bias, torch.float32), _ready(mem_bias, torch.float32),
+        state.keys, state.values, state.mem_sum, o, heads, state.count, scale,
+        **_step_meta(dim, basis.shape[1], window),
     )
     state.count += 1
     return o, state
+
+
+def _ready(x, dtype):
+    """x as a contiguous tensor of `dtype`, without a copy (or a new tensor object) when it
+    already is one."""
+    return x if x.dtype == dtype and x.is_contiguous() else x.detach().to(dtype).contiguous()
+
+
+@functools.lru_cache(maxsize=None)
+def _step_meta(dim, rank, window):
+    """The kernel's compile-time arguments for a head dim, rank and window."""
+    ring = window - 1
+    blk = min(RING_BLOCK, max(16, triton.next_power_of_2(max(ring, 1))))
+    return dict(
+        D=dim, R=rank, BD=max(16, triton.next_power_of_2(dim)), BR=max(16, triton.next_power_of_2(rank)),
+        RING=ring, BLK=blk, NBLK=triton.cdiv(ring, blk), num_warps=4,
+    )
