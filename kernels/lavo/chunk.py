@@ -20,7 +20,7 @@ import math
 import torch
 import triton
 
-from .chunk_bwd import lavo_dkv_kernel, lavo_dq_kernel, lavo_mem_bwd_kernel
+from .chunk_bwd import lavo_dkv_kernel, lavo_mem_bwd_kernel
 from .chunk_fwd import chunk_value_sums_kernel, lavo_fwd_kernel
 
 CHUNK = 64  # positions per chunk: query block = key block = memory chunk
@@ -29,8 +29,8 @@ MAX_HEAD_DIM = 128  # beyond it the basis and the memory's tiles no longer fit o
 # warps per kernel, by padded head dim (chosen from ptxas spill reports and H200 timings;
 # kernels/lavo/gpu_profile.py times variants of the first row)
 NUM_WARPS = {
-    64: {"fwd": 4, "mem_bwd": 8, "dq": 8, "dkv": 8},
-    128: {"fwd": 8, "mem_bwd": 8, "dq": 8, "dkv": 8},
+    64: {"fwd": 4, "mem_bwd": 4, "dkv": 4},
+    128: {"fwd": 8, "mem_bwd": 8, "dkv": 8},
 }
 
 
@@ -238,14 +238,6 @@ class _LavoChunkFn(torch.autograd.Function):
             num_warps=warps["mem_bwd"], **common,
         )
         drho = torch.zeros_like(rho)
-        if meta["NKB"]:
-            dq = torch.empty_like(qf)
-            lavo_dq_kernel[(nq, heads)](
-                qf, kf, vf, dof, lse, delta, rho, kvm, layout.qchunks, dq_mem, dq, drho, heads, rho.shape[1], scale,
-                num_warps=warps["dq"], **_pick(meta, _Q_META),
-            )
-        else:  # NC: no window, dq is the memory's alone
-            dq = dq_mem.to(qf.dtype)
         suf = _range_sums(wsum, layout.suf_hi, layout.suf_lo)  # [key chunks, S, H, d]
         # CC, target longer than the source: query blocks past the source (a power of 2,
         # so that few lengths compile their own kernel)
@@ -253,9 +245,10 @@ class _LavoChunkFn(torch.autograd.Function):
         dk = torch.empty_like(kf)
         dv = torch.empty_like(vf)
         lavo_dkv_kernel[(nk, heads)](
-            qf, kf, vf, dof, lse, delta, rho, kvm, segid, layout.kchunks, dvl, suf, dk, dv,
+            qf, kf, vf, dof, lse, delta, rho, kvm, segid, layout.kchunks, dvl, suf, dq_mem, drho, dk, dv,
             heads, rho.shape[1], scale, TAIL=tail, SEG=segments, num_warps=warps["dkv"], **_pick(meta, _DKV_META),
         )
+        dq = dq_mem.to(qf.dtype)  # the memory's dq (mem_bwd) plus the window's (dkv)
         basis_dtype, rho_dtype, mu_dtype, mu_shape = ctx.param_dtypes
         dmu = dmu_part.sum(0)  # [H, S]
         if len(mu_shape) == 1:  # one bias shared by the segments
@@ -268,7 +261,7 @@ class _LavoChunkFn(torch.autograd.Function):
         )
 
 
-_Q_META = ("D", "BD", "C", "WINDOW", "NKB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")  # forward and dq kernels
+_Q_META = ("D", "BD", "C", "WINDOW", "NKB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")  # the forward kernel
 _DKV_META = ("D", "BD", "C", "WINDOW", "NQB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
 
 

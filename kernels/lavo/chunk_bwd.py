@@ -10,11 +10,13 @@ Per query t (log-sum-exp `lse` saved by the forward, Delta_t = dO_t . o_t):
   dv_j += sum over queries t whose set holds j of dvbar_t / count_t, a reverse
   cumulative sum (causal) or one sum per segment (noncausal).
 
-Three kernels, in this order: `lavo_mem_bwd_kernel` (the memory, query side),
-`lavo_dq_kernel` (the window's dq and drho) and `lavo_dkv_kernel` (the window's dk, dv,
-plus the memory's reverse cumulative sum: its in-chunk part DVL and the per-key-chunk
-suffix sums SUF, which the caller makes from the chunk totals WSUM). The memory and the
-window have separate kernels to keep each one's live registers small.
+Two kernels, in this order: `lavo_mem_bwd_kernel` (the memory, query side: Delta, the
+memory's dq into the fp32 buffer DQM, dB, dmu) and `lavo_dkv_kernel` (per key chunk, the
+window's dk and dv, and, FlashAttention-2 style, the window's dq and drho added into
+DQM and DRHO with fp32 atomics, so no kernel recomputes the scores for dq; plus the
+memory's reverse cumulative sum: its in-chunk part DVL and the per-key-chunk suffix sums
+SUF, which the caller makes from the chunk totals WSUM). The memory and the window have
+separate kernels to keep each one's live registers small.
 """
 
 import triton
@@ -108,60 +110,15 @@ def lavo_mem_bwd_kernel(
 
 
 @triton.jit
-def lavo_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, RHO, KVM, CHUNKS, DQM, DQ, DRHO,
-    H, NB, scale,
-    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NKB: tl.constexpr,
-    NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
-):
-    """The window's part of dq (added to the memory's, DQM) and drho; one program per
-    (query chunk, head)."""
-    cid = tl.program_id(0)
-    h = tl.program_id(1)
-    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
-    t = c * C + tl.arange(0, C)
-    t_ok = t < n
-    if QMASK:
-        t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
-    tt = tl.minimum(t, m - 1)
-    q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
-    do = load_rows(DO, q_row0, t, t_ok, h, H, D, BD)
-    lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
-    delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
-    dq = tl.zeros([C, BD], tl.float32)
-    if NS:
-        lo = tl.maximum(c * C - HALF, 0)
-    else:
-        lo = tl.maximum(tl.minimum(c * C, m - 1) - WINDOW + 1, 0)
-    for b in range(NKB):
-        start = lo - lo % C + b * C
-        j = start + tl.arange(0, C)
-        j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
-        kb = load_rows(K, kv_row0, j, j_ok, h, H, D, BD)
-        vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD)
-        s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)
-        p = tl.exp2(s - lse[:, None])
-        dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
-        ds = tl.where(in_win & t_ok[:, None], p * (dp - delta[:, None]), 0.0)
-        dq += tl.dot(ds.to(kb.dtype), kb, input_precision=PREC)
-        if NS:
-            _bias_grad(DRHO, ds, h, NB, c * C - start + HALF, C)
-        elif (c * C + C - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
-            _bias_grad(DRHO, ds, h, NB, c * C - start, C)
-        else:  # CC queries past the source share t' = m - 1: one add per score
-            tl.atomic_add(DRHO + h * NB + bias_idx, ds, mask=in_win & t_ok[:, None])
-    dq = dq * scale + load_rows(DQM, q_row0, t, t < n, h, H, D, BD)
-    store_rows(DQ, dq, q_row0, t, t < n, h, H, D, BD)
-
-
-@triton.jit
 def _dkv_tile(
-    Q, DO, LSE, DELTA, RHO, KVM, kb, vb, j, j_ok, start, t_from, t_to, q_row0, n, kv_row0, m, h, H, NB, scale,
+    Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, t_from, t_to, q_row0, n, kv_row0, m, h, H, NB,
+    scale,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NS: tl.constexpr,
     HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
 ):
-    """The window's contribution of queries start..start+C-1 (those in [t_from, t_to])
-    to dk (unscaled) and dv of keys j."""
+    """The window's scores of queries start..start+C-1 (those in [t_from, t_to]) against
+    the keys j of chunk c: returns their dk (unscaled) and dv, and adds their dq and
+    drho into DQM and DRHO (fp32 atomics: other key chunks add to the same rows)."""
     t = start + tl.arange(0, C)
     t_ok = (t >= t_from) & (t <= t_to)
     if QMASK:
@@ -175,14 +132,24 @@ def _dkv_tile(
     p = tl.where(in_win & t_ok[:, None], tl.exp2(s - lse[:, None]), 0.0)
     dv = tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
     dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
-    ds = p * (dp - delta[:, None])
+    ds = p * (dp - delta[:, None])  # 0 outside the window and for queries not in [t_from, t_to]
     dk = tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+    dq = tl.dot(ds.to(kb.dtype), kb, input_precision=PREC) * scale  # [C, BD]
+    dd = tl.arange(0, BD)
+    dq_offs = ((q_row0 + t).to(tl.int64) * H + h)[:, None] * D + dd[None, :]
+    tl.atomic_add(DQM + dq_offs, dq, mask=t_ok[:, None] & (dd < D)[None, :], sem="relaxed")
+    if NS:
+        _bias_grad(DRHO, ds, h, NB, start - c * C + HALF, C)
+    elif (start + C - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
+        _bias_grad(DRHO, ds, h, NB, start - c * C, C)
+    else:  # CC queries past the source share t' = m - 1: one add per score
+        tl.atomic_add(DRHO + h * NB + bias_idx, ds, mask=in_win & t_ok[:, None], sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def lavo_dkv_kernel(
-    Q, K, V, DO, LSE, DELTA, RHO, KVM, SEGID, CHUNKS, DVL, SUF, DK, DV,
+    Q, K, V, DO, LSE, DELTA, RHO, KVM, SEGID, CHUNKS, DVL, SUF, DQM, DRHO, DK, DV,
     H, NB, scale,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NQB: tl.constexpr, TAIL: tl.constexpr,
     SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr,
@@ -211,8 +178,8 @@ def lavo_dkv_kernel(
     for b in range(NQB):
         start = lo - lo % C + b * C
         dk_b, dv_b = _dkv_tile(
-            Q, DO, LSE, DELTA, RHO, KVM, kb, vb, j, j_ok, start, 0, hi, q_row0, n, kv_row0, m, h, H, NB, scale,
-            D, BD, C, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
+            Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, 0, hi, q_row0, n, kv_row0, m, h, H,
+            NB, scale, D, BD, C, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
         )
         dk += dk_b
         dv += dv_b
@@ -222,8 +189,8 @@ def lavo_dkv_kernel(
             start = tail_from - tail_from % C + b * C
             if start < n:
                 dk_b, dv_b = _dkv_tile(
-                    Q, DO, LSE, DELTA, RHO, KVM, kb, vb, j, j_ok, start, tail_from, n - 1, q_row0, n, kv_row0, m, h,
-                    H, NB, scale, D, BD, C, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
+                    Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, tail_from, n - 1, q_row0, n,
+                    kv_row0, m, h, H, NB, scale, D, BD, C, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
                 )
                 dk += dk_b
                 dv += dv_b
