@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from lavo_tasks.kernels.lavo.chunk import chunk_lavo_attn
+from lavo_tasks.kernels.lavo.chunk_bwd import lavo_dkv_kernel, lavo_mem_bwd_kernel
+from lavo_tasks.kernels.lavo.chunk_fwd import lavo_fwd_kernel
 from lavo_tasks.kernels.lavo.torch_path import torch_lavo_attn
 
 pytestmark = pytest.mark.gpu
@@ -89,6 +91,17 @@ def test_fp32_noncausal_cross_segments_match_torch_path_in_float64():
     errors = {name: max_rel(a.double(), b.double()) for name, a, b in zip(names, got, want)}
     print(errors)
     assert all(err <= 1e-4 for err in errors.values()), errors
+
+
+@pytest.mark.parametrize("kernel", ["fwd", "mem_bwd", "dkv"])
+def test_every_autotuning_candidate_is_correct(monkeypatch, kernel):
+    # the autotuner may pick any candidate: run each one alone (the other kernels tuned)
+    tuned = {"fwd": lavo_fwd_kernel, "mem_bwd": lavo_mem_bwd_kernel, "dkv": lavo_dkv_kernel}[kernel]
+    inputs = make_inputs(2, 1000, 1000, 4, 64, 64, 128, True, torch.bfloat16, seed=11)
+    for config in list(tuned.configs):
+        monkeypatch.setattr(tuned, "configs", [config])
+        print(kernel, config)
+        compare(inputs, ref_dtype=torch.float32, metric=rms_rel, tol=5e-3, window=128, causal=True, cross=False)
 
 
 @pytest.mark.parametrize("batch, n", [(4, 1024), (1, 8192)])

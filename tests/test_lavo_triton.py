@@ -11,9 +11,11 @@ of the reference tensor's max abs, for the output and every gradient.
 
 import pytest
 import torch
+import triton
 
 from lavo_tasks.kernels import LavoDecodeState, lavo_attn, lavo_decode_step
 from lavo_tasks.kernels.lavo.chunk import DQ_GROUP, chunk_lavo_attn, lavo_chunked
+from lavo_tasks.kernels.lavo.chunk_bwd import DKV_CANDIDATES, lavo_dkv_kernel
 from lavo_tasks.kernels.lavo.recurrent import recurrent_lavo_step
 from lavo_tasks.kernels.lavo.reference import reference_lavo_attn
 
@@ -79,6 +81,17 @@ def test_causal_self_padding_many_groups():
     inputs = make_inputs(batch, n, n, 2, 16, 16, 20, True, seed=5)
     mask = random_mask(batch, n, seed=5, keep_first=False)
     check_against_reference(small_chunks, inputs, **options(20, kv_mask=mask))
+
+
+@pytest.mark.parametrize("split", sorted({meta["SPLIT"] for _, _, meta in DKV_CANDIDATES}))
+@pytest.mark.parametrize("pattern", ["CS", "CC"])
+def test_every_dkv_query_split(monkeypatch, split, pattern):
+    # the interpreter runs only the first autotuning candidate; the others split the
+    # query blocks of the dkv kernel (dk, dv, and the dq, drho atomics) differently
+    monkeypatch.setattr(lavo_dkv_kernel, "configs", [triton.Config({"SPLIT": split})])
+    n, m = (40, 40) if pattern == "CS" else (60, 35)  # CC: queries past the source share one anchor
+    inputs = make_inputs(1, n, m, 2, 8, 4, 20, True, seed=split)
+    check_against_reference(small_chunks, inputs, **options(20, cross=pattern == "CC"))
 
 
 @pytest.mark.parametrize("n", [9, 12])

@@ -26,12 +26,7 @@ from .chunk_fwd import chunk_value_sums_kernel, lavo_fwd_kernel
 CHUNK = 64  # positions per chunk: query block = key block = memory chunk
 DQ_GROUP = 8  # query chunks per program of the memory backward (one dB partial sum each)
 MAX_HEAD_DIM = 128  # beyond it the basis and the memory's tiles no longer fit on chip (not done)
-# warps per kernel, by padded head dim (chosen from ptxas spill reports and H200 timings;
-# kernels/lavo/gpu_profile.py times variants of the first row)
-NUM_WARPS = {
-    64: {"fwd": 4, "mem_bwd": 4, "dkv": 4},
-    128: {"fwd": 8, "mem_bwd": 8, "dkv": 8},
-}
+
 
 
 def chunk_lavo_attn(
@@ -194,7 +189,6 @@ class _LavoChunkFn(torch.autograd.Function):
             cnt = rho  # placeholder: counts are t' + 1
         meta = _compile_args(q, chunk, noncausal, window, kv_mask, cross)
 
-        warps = NUM_WARPS[max(64, meta["BD"])]
         sums = torch.empty(len(layout.kchunks), segments, heads, d, dtype=torch.float32, device=q.device)
         chunk_value_sums_kernel[(len(layout.kchunks), heads)](
             vf, kvm, segid, sums, layout.kchunks, heads, D=d, BD=meta["BD"], C=chunk, SEG=segments,
@@ -206,7 +200,7 @@ class _LavoChunkFn(torch.autograd.Function):
         br = max(16, triton.next_power_of_2(rank))
         lavo_fwd_kernel[(len(layout.qchunks), heads)](
             qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, layout.qchunks,
-            heads, rho.shape[1], scale, R=rank, BR=br, SEG=segments, num_warps=warps["fwd"], **_pick(meta, _Q_META),
+            heads, rho.shape[1], scale, R=rank, BR=br, SEG=segments, **_pick(meta, _Q_META),
         )
         ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm, segid)
         ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, br, scale, window, segments)
@@ -221,7 +215,6 @@ class _LavoChunkFn(torch.autograd.Function):
         layout, meta = ctx.layout, ctx.meta
         batch, n, m, heads, d, rank, br, scale, window, segments = ctx.dims
         dof = do.contiguous().view(-1, heads, d)
-        warps = NUM_WARPS[max(64, meta["BD"])]
         nq, nk = len(layout.qchunks), len(layout.kchunks)
         groups = math.ceil(nq / DQ_GROUP)
         f32 = dict(dtype=torch.float32, device=qf.device)
@@ -235,7 +228,7 @@ class _LavoChunkFn(torch.autograd.Function):
         lavo_mem_bwd_kernel[(groups, heads)](
             qf, vf, o, dof, lse, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, delta, db_part, dmu_part, dvl, wsum,
             heads, nq, scale, R=rank, BR=br, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),
-            num_warps=warps["mem_bwd"], **common,
+            **common,
         )
         drho = torch.zeros_like(rho)
         suf = _range_sums(wsum, layout.suf_hi, layout.suf_lo)  # [key chunks, S, H, d]
@@ -246,7 +239,7 @@ class _LavoChunkFn(torch.autograd.Function):
         dv = torch.empty_like(vf)
         lavo_dkv_kernel[(nk, heads)](
             qf, kf, vf, dof, lse, delta, rho, kvm, segid, layout.kchunks, dvl, suf, dq_mem, drho, dk, dv,
-            heads, rho.shape[1], scale, TAIL=tail, SEG=segments, num_warps=warps["dkv"], **_pick(meta, _DKV_META),
+            heads, rho.shape[1], scale, TAIL=tail, SEG=segments, **_pick(meta, _DKV_META),
         )
         dq = dq_mem.to(qf.dtype)  # the memory's dq (mem_bwd) plus the window's (dkv)
         basis_dtype, rho_dtype, mu_dtype, mu_shape = ctx.param_dtypes

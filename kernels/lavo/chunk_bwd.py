@@ -22,26 +22,31 @@ separate kernels to keep each one's live registers small.
 import triton
 import triton.language as tl
 
-from .chunk_common import key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, store_rows, window_logits
+from .chunk_common import (
+    key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, store_rows, tuning_configs, window_logits,
+)
 
 
 @triton.jit
-def _bias_grad(DRHO, ds, h, NB, base, C: tl.constexpr):
-    """drho[base + i - jj] += ds[i, jj] for a [C, C] tile whose bias index is base + i - jj.
+def _bias_grad(DRHO, ds, h, NB, base, QB: tl.constexpr, C: tl.constexpr):
+    """drho[base + i - jj] += ds[i, jj] for a [QB, C] tile (QB <= C) whose bias index is
+    base + i - jj.
 
     The tile is sheared with a gather (column (i - e) mod C of row i), so each
     diagonal becomes a column; its sum is one atomic add per bias entry, not per score."""
-    i = tl.arange(0, C)
+    i = tl.arange(0, QB)
     e = tl.arange(0, C)
     sheared = tl.gather(ds, (i[:, None] - e[None, :] + C) % C, 1)
     below = tl.sum(tl.where(i[:, None] >= e[None, :], sheared, 0.0), 0)  # diagonal i - jj = e
     above = tl.sum(tl.where(i[:, None] < e[None, :], sheared, 0.0), 0)  # diagonal i - jj = e - C
     idx_b = base + e
     idx_a = base + e - C
-    tl.atomic_add(DRHO + h * NB + idx_b, below, mask=(idx_b >= 0) & (idx_b < NB))
-    tl.atomic_add(DRHO + h * NB + idx_a, above, mask=(e > 0) & (idx_a >= 0) & (idx_a < NB))
+    tl.atomic_add(DRHO + h * NB + idx_b, below, mask=(e < QB) & (idx_b >= 0) & (idx_b < NB), sem="relaxed")
+    tl.atomic_add(DRHO + h * NB + idx_a, above, mask=(e > 0) & (idx_a >= 0) & (idx_a < NB), sem="relaxed")
 
 
+# tuned once per (padded head dim, chunk, dtypes), not per length
+@triton.autotune(tuning_configs([(4, 2, {}), (8, 2, {})]), key=["BD", "C"])
 @triton.jit
 def lavo_mem_bwd_kernel(
     Q, V, O, DO, LSE, BAS, MU, PRE, CNT, KVM, CHUNKS,
@@ -113,13 +118,13 @@ def lavo_mem_bwd_kernel(
 def _dkv_tile(
     Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, t_from, t_to, q_row0, n, kv_row0, m, h, H, NB,
     scale,
-    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NS: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QB: tl.constexpr, WINDOW: tl.constexpr, NS: tl.constexpr,
     HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
 ):
-    """The window's scores of queries start..start+C-1 (those in [t_from, t_to]) against
+    """The window's scores of queries start..start+QB-1 (those in [t_from, t_to]) against
     the keys j of chunk c: returns their dk (unscaled) and dv, and adds their dq and
     drho into DQM and DRHO (fp32 atomics: other key chunks add to the same rows)."""
-    t = start + tl.arange(0, C)
+    t = start + tl.arange(0, QB)
     t_ok = (t >= t_from) & (t <= t_to)
     if QMASK:
         t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
@@ -139,25 +144,33 @@ def _dkv_tile(
     dq_offs = ((q_row0 + t).to(tl.int64) * H + h)[:, None] * D + dd[None, :]
     tl.atomic_add(DQM + dq_offs, dq, mask=t_ok[:, None] & (dd < D)[None, :], sem="relaxed")
     if NS:
-        _bias_grad(DRHO, ds, h, NB, start - c * C + HALF, C)
-    elif (start + C - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
-        _bias_grad(DRHO, ds, h, NB, start - c * C, C)
+        _bias_grad(DRHO, ds, h, NB, start - c * C + HALF, QB, C)
+    elif (start + QB - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
+        _bias_grad(DRHO, ds, h, NB, start - c * C, QB, C)
     else:  # CC queries past the source share t' = m - 1: one add per score
         tl.atomic_add(DRHO + h * NB + bias_idx, ds, mask=in_win & t_ok[:, None], sem="relaxed")
     return dk, dv
 
 
+# (warps, stages, SPLIT = query tiles per block of C queries)
+DKV_CANDIDATES = [(4, 2, {"SPLIT": 2}), (4, 2, {"SPLIT": 1}), (8, 2, {"SPLIT": 2}), (8, 2, {"SPLIT": 1})]
+
+
+# DQM and DRHO are accumulated into, so the autotuner restores them after each trial
+@triton.autotune(tuning_configs(DKV_CANDIDATES), key=["BD", "C"], restore_value=["DQM", "DRHO"])
 @triton.jit
 def lavo_dkv_kernel(
     Q, K, V, DO, LSE, DELTA, RHO, KVM, SEGID, CHUNKS, DVL, SUF, DQM, DRHO, DK, DV,
     H, NB, scale,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NQB: tl.constexpr, TAIL: tl.constexpr,
     SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """One program per (key chunk, head). The queries whose window holds these keys come
-    in NQB blocks from the chunk on; in CC with a target longer than the source, the
-    queries past the source (all anchored at m - 1) come in at most TAIL more."""
+    in NQB blocks of C from the chunk on; in CC with a target longer than the source, the
+    queries past the source (all anchored at m - 1) come in at most TAIL more. Each
+    block of C queries is taken as SPLIT tiles of C // SPLIT rows (fewer live registers)."""
+    QB: tl.constexpr = C // SPLIT
     kid = tl.program_id(0)
     h = tl.program_id(1)
     q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, kid)
@@ -175,22 +188,22 @@ def lavo_dkv_kernel(
     else:
         lo = c * C
         hi = tl.minimum(c * C + C - 1 + WINDOW - 1, n - 1)
-    for b in range(NQB):
-        start = lo - lo % C + b * C
+    for b in range(NQB * SPLIT):
+        start = lo - lo % C + b * QB
         dk_b, dv_b = _dkv_tile(
             Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, 0, hi, q_row0, n, kv_row0, m, h, H,
-            NB, scale, D, BD, C, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
+            NB, scale, D, BD, C, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
         )
         dk += dk_b
         dv += dv_b
     tail_from = tl.maximum(hi + 1, m)  # queries not seen above, anchored at m - 1
     if c * C + C - 1 > m - 1 - WINDOW:  # some key of the chunk is in the last window
-        for b in range(TAIL):
-            start = tail_from - tail_from % C + b * C
+        for b in range(TAIL * SPLIT):
+            start = tail_from - tail_from % C + b * QB
             if start < n:
                 dk_b, dv_b = _dkv_tile(
                     Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, tail_from, n - 1, q_row0, n,
-                    kv_row0, m, h, H, NB, scale, D, BD, C, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
+                    kv_row0, m, h, H, NB, scale, D, BD, C, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
                 )
                 dk += dk_b
                 dv += dv_b

@@ -11,7 +11,9 @@ in order; scores never leave the chip. See chunk_common.py for the layout.
 import triton
 import triton.language as tl
 
-from .chunk_common import key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, store_rows, window_logits
+from .chunk_common import (
+    key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, store_rows, tuning_configs, window_logits,
+)
 
 
 @triton.jit
@@ -37,6 +39,8 @@ def chunk_value_sums_kernel(
             tl.store(SUMS + ((cid * SEG + s) * H + h).to(tl.int64) * D + dd, part, mask=dd < D)
 
 
+# tuned once per (padded head dim, chunk, dtypes), not per length
+@triton.autotune(tuning_configs([(4, 3, {}), (8, 3, {})]), key=["BD", "C"])
 @triton.jit
 def lavo_fwd_kernel(
     Q, K, V, BAS, RHO, MU, PRE, CNT, KVM, O, LSE, CHUNKS,

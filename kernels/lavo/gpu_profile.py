@@ -1,11 +1,13 @@
-"""Time the LAVO Triton kernels on a GPU: per-kernel CUDA time and launch variants.
+"""Time the LAVO Triton kernels on a GPU: autotuning choices, medians, per-kernel CUDA time.
 
     python -m lavo_tasks.kernels.lavo.gpu_profile [--out FILE]
 
-Protocol shape (bf16, H=16, d=64, w=128, r=64, 65,536 tokens per step): for T = 1K and
-8K, forward and forward+backward medians (`triton.testing.do_bench`) for each
-`NUM_WARPS[64]` variant, and one profiler table of the kernels of a forward+backward. The
-whole benchmark against SDPA and FlexAttention is `python -m lavo_tasks.bench`.
+Protocol shape (bf16, H=16, d=64, w=128, r=64, 65,536 tokens per step): the time of
+every autotuning candidate of each kernel (as the autotuner measured it on the first
+call), forward and forward+backward medians (`triton.testing.do_bench`) at T = 1K and
+8K, and one profiler table of the kernels of a forward+backward at 4K. Then the same
+medians at head dim 128 (rank = head dim) at T = 4K. JSON lines go to FILE;
+the whole benchmark against SDPA and FlexAttention is `python -m lavo_tasks.bench`.
 """
 
 import argparse
@@ -14,66 +16,79 @@ import json
 import torch
 from triton.testing import do_bench
 
-from . import chunk
+from .chunk import chunk_lavo_attn
+from .chunk_bwd import lavo_dkv_kernel, lavo_mem_bwd_kernel
+from .chunk_fwd import lavo_fwd_kernel
 
 HEADS, DIM, WINDOW, RANK, TOKENS = 16, 64, 128, 64, 65536
-VARIANTS = [
-    {"fwd": 4, "mem_bwd": 8, "dq": 8, "dkv": 8},
-    {"fwd": 8, "mem_bwd": 8, "dq": 4, "dkv": 4},
-    {"fwd": 4, "mem_bwd": 4, "dq": 4, "dkv": 4},
-]
+TUNED = {"fwd": lavo_fwd_kernel, "mem_bwd": lavo_mem_bwd_kernel, "dkv": lavo_dkv_kernel}
 
 
-def inputs(T):
+def inputs(T, dim=DIM, rank=RANK):
     B = TOKENS // T
-    q, k, v = (torch.randn(B, T, HEADS, DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    basis = torch.linalg.qr(torch.randn(HEADS, DIM, RANK, device="cuda"))[0].transpose(1, 2).contiguous()
+    q, k, v = (torch.randn(B, T, HEADS, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    basis = torch.linalg.qr(torch.randn(HEADS, dim, rank, device="cuda"))[0].transpose(1, 2).contiguous()
     rel_bias = torch.zeros(HEADS, WINDOW, device="cuda")
     mem_bias = torch.zeros(HEADS, device="cuda")
     return [x.requires_grad_() for x in (q, k, v, basis, rel_bias, mem_bias)]
 
 
-def time_variant(T, warps):
-    chunk.NUM_WARPS[64].update(warps)
-    leaves = inputs(T)
-    fwd = lambda: chunk.chunk_lavo_attn(*leaves, window=WINDOW)  # noqa: E731
+def medians(T, dim=DIM, rank=RANK):
+    leaves = inputs(T, dim, rank)
+    fwd = lambda: chunk_lavo_attn(*leaves, window=WINDOW)  # noqa: E731
 
     def fwd_bwd():
         fwd().float().sum().backward()
 
-    fwd_bwd()
+    fwd_bwd()  # compiles and autotunes
     with torch.no_grad():
         fwd_ms = do_bench(fwd, warmup=25, rep=100, return_mode="median")
     both_ms = do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
-    return {"T": T, **{f"warps_{k}": v for k, v in warps.items()}, "fwd_ms": fwd_ms, "fwd_bwd_ms": both_ms}
+    return {"T": T, "dim": dim, "rank": rank, "fwd_ms": fwd_ms, "fwd_bwd_ms": both_ms}
+
+
+def tuning_rows(dim):
+    """What the autotuner measured for each kernel's candidates (ms, median) at the last tuning."""
+    rows = []
+    for name, kernel in TUNED.items():
+        timings = getattr(kernel, "configs_timings", None) or {}
+        for config, ms in timings.items():
+            chosen = config is kernel.best_config
+            rows.append({"kernel": name, "dim": dim, "config": str(config), "ms": ms[0], "chosen": chosen})
+    return rows
 
 
 def kernel_table(T):
     leaves = inputs(T)
     for _ in range(3):
-        chunk.chunk_lavo_attn(*leaves, window=WINDOW).float().sum().backward()
+        chunk_lavo_attn(*leaves, window=WINDOW).float().sum().backward()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        chunk.chunk_lavo_attn(*leaves, window=WINDOW).float().sum().backward()
+        chunk_lavo_attn(*leaves, window=WINDOW).float().sum().backward()
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="lavo_profile.jsonl")
     args = parser.parse_args()
-    default = dict(chunk.NUM_WARPS[64])
-    rows = []
     with open(args.out, "w") as f:
+
+        def emit(row):
+            f.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+
         for T in (1024, 8192):
-            for warps in VARIANTS:
-                row = time_variant(T, warps)
-                rows.append(row)
-                f.write(json.dumps(row) + "\n")
-                print(json.dumps(row), flush=True)
-    chunk.NUM_WARPS[64].update(default)
-    print(kernel_table(4096))
+            emit(medians(T))
+            if T == 1024:
+                for row in tuning_rows(DIM):
+                    emit(row)
+        print(kernel_table(4096), flush=True)
+        for dim in (128,):
+            emit(medians(4096, dim, dim))
+            for row in tuning_rows(dim):
+                emit(row)
 
 
 if __name__ == "__main__":
