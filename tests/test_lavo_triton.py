@@ -14,6 +14,7 @@ import torch
 import triton
 
 from lavo_tasks.kernels import LavoDecodeState, lavo_attn, lavo_decode_step
+from lavo_tasks.kernels.lavo import chunk
 from lavo_tasks.kernels.lavo.chunk import DQ_GROUP, chunk_lavo_attn, lavo_chunked
 from lavo_tasks.kernels.lavo.chunk_bwd import DKV_CANDIDATES, lavo_dkv_kernel
 from lavo_tasks.kernels.lavo.recurrent import recurrent_lavo_step
@@ -41,17 +42,18 @@ def random_mask(batch, m, seed, keep_first):
     return mask
 
 
-def check_against_reference(run, inputs, **options):
-    """Run `run` (a Triton entry) and the reference on the same inputs and one random
-    output gradient; compare the output and the six gradients."""
-    ours = [x.clone().requires_grad_() for x in inputs]
-    ref = [x.clone().double().requires_grad_() for x in inputs]
+def check_against_reference(run, inputs, compared=GRAD_NAMES, **options):
+    """Run `run` (a Triton entry) and the reference on the same inputs (None: an absent
+    rel_bias) and one random output gradient; compare the output and the gradients
+    named in `compared`."""
+    ours = [x.clone().requires_grad_() if x is not None else None for x in inputs]
+    ref = [x.clone().double().requires_grad_() if x is not None else None for x in inputs]
     out = run(*ours, **options)
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(99))
     out.backward(grad_out)
     ref_out = reference_lavo_attn(*ref, **options)
     ref_out.backward(grad_out.double())
-    grads = [(f"d{name}", a.grad, b.grad) for name, a, b in zip(GRAD_NAMES, ours, ref)]
+    grads = [(f"d{name}", a.grad, b.grad) for name, a, b in zip(GRAD_NAMES, ours, ref) if name in compared]
     for name, got, want in [("output", out, ref_out)] + grads:
         assert got is not None and torch.isfinite(got).all(), name
         assert want.abs().max() > 0, f"{name}: the reference is all zeros, the case tests nothing"
@@ -191,9 +193,35 @@ def test_fp16_inputs_within_half_precision_tolerance():
 
 
 def test_head_dim_over_the_kernel_limit_is_refused():
-    inputs = make_inputs(1, 8, 8, 1, 160, 4, 4, True, seed=0)
-    with pytest.raises(NotImplementedError, match="head dim 160"):
+    inputs = make_inputs(1, 8, 8, 1, 272, 4, 4, True, seed=0)
+    with pytest.raises(NotImplementedError, match="head dim 272"):
         chunk_lavo_attn(*inputs, window=4)
+
+
+@pytest.mark.parametrize("pattern", ["CS", "NS", "NC"])
+def test_memory_in_several_rank_blocks(monkeypatch, pattern):
+    # basis rows in blocks of 4 (64 on a GPU), rank 10 -> 3 blocks, the last one partial:
+    # one online softmax across blocks (forward), per-block dB rows and summed dq / dv
+    # parts (backward); masked, so that padded keys and queries are in every block
+    monkeypatch.setattr(chunk, "RANK_BLOCK", 4)
+    causal, cross = pattern == "CS", pattern == "NC"
+    n, m = (37, 37) if not cross else (30, 41)
+    inputs = make_inputs(2, n, m, 2, 12, 10, 8, causal, seed=len(pattern))
+    mask = random_mask(2, m, seed=3, keep_first=True)
+    opts = options(8, causal=causal, cross=cross, kv_mask=mask)
+    compared = GRAD_NAMES
+    if cross:  # memory only (the keys take no part), two segments with their own biases
+        inputs[4], inputs[5] = None, torch.randn(2, 2)
+        opts["segments"] = 2
+        compared = ("q", "v", "basis", "mem_bias")
+    check_against_reference(small_chunks, inputs, compared=compared, **opts)
+
+
+@pytest.mark.parametrize("dim, rank, causal", [(256, 256, True), (160, 130, False)])
+def test_wide_head_dims(dim, rank, causal):
+    # the public entry: chunks of 32 for head dims over 128, rank blocks of 64
+    inputs = make_inputs(1, 40, 40, 1, dim, rank, 12, causal, seed=dim)
+    check_against_reference(chunk_lavo_attn, inputs, **options(12, causal=causal))
 
 
 @pytest.mark.parametrize("window", [6, 1, 70])

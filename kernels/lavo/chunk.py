@@ -24,8 +24,10 @@ from .chunk_bwd import lavo_dkv_kernel, lavo_mem_bwd_kernel
 from .chunk_fwd import chunk_value_sums_kernel, lavo_fwd_kernel
 
 CHUNK = 64  # positions per chunk: query block = key block = memory chunk
+WIDE_CHUNK = 32  # the chunk for head dims over 128, so that [chunk, dim] tiles fit in registers
 DQ_GROUP = 8  # query chunks per program of the memory backward (one dB partial sum each)
-MAX_HEAD_DIM = 128  # beyond it the basis and the memory's tiles no longer fit on chip (not done)
+RANK_BLOCK = 64  # basis rows per step of the memory loops
+MAX_HEAD_DIM = 256
 
 
 
@@ -38,7 +40,7 @@ def chunk_lavo_attn(
     rel_bias and mem_bias."""
     return lavo_chunked(
         q, k, v, basis, rel_bias, mem_bias, window=window, causal=causal, cross=cross, segments=segments,
-        scale=scale, kv_mask=kv_mask, cu_seqlens=cu_seqlens, chunk=CHUNK,
+        scale=scale, kv_mask=kv_mask, cu_seqlens=cu_seqlens, chunk=CHUNK if q.shape[-1] <= 128 else WIDE_CHUNK,
     )
 
 
@@ -141,9 +143,10 @@ def _segment_tables(valid, cu_seqlens, layout, segments):
     return segment.to(torch.int32), counts.view(-1, segments)[layout.qseq].contiguous()
 
 
-def _compile_args(q, chunk, noncausal, window, kv_mask, cross):
+def _compile_args(q, rank, chunk, noncausal, window, kv_mask, cross):
     """The kernels' compile-time arguments."""
     d = q.shape[-1]
+    rank_block = min(max(16, triton.next_power_of_2(rank)), RANK_BLOCK)
     half = window // 2 if noncausal else 0
     # key blocks a query chunk's windows touch (NKB) and query blocks a key chunk's keys
     # are seen by (NQB); CC chunks past the source see the last w keys, which touch
@@ -154,7 +157,8 @@ def _compile_args(q, chunk, noncausal, window, kv_mask, cross):
         nkb = -(-(window - 1) // chunk) + 1
         nqb = (window + chunk - 2) // chunk + 1
     return dict(
-        D=d, BD=max(16, triton.next_power_of_2(d)), C=chunk, WINDOW=window, NS=noncausal, HALF=half, NKB=nkb, NQB=nqb,
+        D=d, BD=max(16, triton.next_power_of_2(d)), RB=rank_block, NRB=-(-rank // rank_block), C=chunk, WINDOW=window,
+        NS=noncausal, HALF=half, NKB=nkb, NQB=nqb,
         HAS_MASK=kv_mask is not None, QMASK=kv_mask is not None and not cross,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
     )
@@ -187,7 +191,7 @@ class _LavoChunkFn(torch.autograd.Function):
             cnt = _valid_counts(kv_mask, cu_seqlens).float()
         else:
             cnt = rho  # placeholder: counts are t' + 1
-        meta = _compile_args(q, chunk, noncausal, window, kv_mask, cross)
+        meta = _compile_args(q, rank, chunk, noncausal, window, kv_mask, cross)
 
         sums = torch.empty(len(layout.kchunks), segments, heads, d, dtype=torch.float32, device=q.device)
         chunk_value_sums_kernel[(len(layout.kchunks), heads)](
@@ -197,13 +201,12 @@ class _LavoChunkFn(torch.autograd.Function):
         pre = _range_sums(sums, layout.pre_hi, layout.pre_lo)  # [query chunks, S, H, d]
         o = torch.empty_like(qf)
         lse = torch.empty(qf.shape[0], heads, dtype=torch.float32, device=q.device)
-        br = max(16, triton.next_power_of_2(rank))
         lavo_fwd_kernel[(len(layout.qchunks), heads)](
             qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, layout.qchunks,
-            heads, rho.shape[1], scale, R=rank, BR=br, SEG=segments, **_pick(meta, _Q_META),
+            heads, rho.shape[1], scale, R=rank, SEG=segments, **_pick(meta, _Q_META),
         )
         ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm, segid)
-        ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, br, scale, window, segments)
+        ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, scale, window, segments)
         rho_dtype = rho.dtype if rel_bias is None else rel_bias.dtype
         ctx.param_dtypes = (basis.dtype, rho_dtype, mem_bias.dtype, mem_bias.shape)
         ctx.has_rel_bias = rel_bias is not None
@@ -213,21 +216,23 @@ class _LavoChunkFn(torch.autograd.Function):
     def backward(ctx, do):
         qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm, segid = ctx.saved_tensors
         layout, meta = ctx.layout, ctx.meta
-        batch, n, m, heads, d, rank, br, scale, window, segments = ctx.dims
+        batch, n, m, heads, d, rank, scale, window, segments = ctx.dims
         dof = do.contiguous().view(-1, heads, d)
         nq, nk = len(layout.qchunks), len(layout.kchunks)
         groups = math.ceil(nq / DQ_GROUP)
         f32 = dict(dtype=torch.float32, device=qf.device)
-        dq_mem = torch.empty(qf.shape, **f32)
+        nrb = meta["NRB"]
+        summed = torch.zeros if nrb > 1 else torch.empty  # rank blocks add into these
+        dq_mem = summed(qf.shape, **f32)
         delta = torch.empty_like(lse)
         db_part = torch.empty(groups, heads, rank, d, **f32)
-        dmu_part = torch.empty(groups, heads, segments, **f32)
-        dvl = (torch.zeros if m > n else torch.empty)(vf.shape, **f32)
-        wsum = torch.empty(nq, segments, heads, d, **f32)
-        common = _pick(meta, ("D", "BD", "C", "NS", "HAS_MASK", "QMASK", "PREC"))
-        lavo_mem_bwd_kernel[(groups, heads)](
+        dmu_part = torch.empty(groups, nrb, heads, segments, **f32)
+        dvl = (torch.zeros if m > n else summed)(vf.shape, **f32)
+        wsum = summed(nq, segments, heads, d, **f32)
+        common = _pick(meta, ("D", "BD", "RB", "NRB", "C", "NS", "HAS_MASK", "QMASK", "PREC"))
+        lavo_mem_bwd_kernel[(groups, heads, nrb)](
             qf, vf, o, dof, lse, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, delta, db_part, dmu_part, dvl, wsum,
-            heads, nq, scale, R=rank, BR=br, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),
+            heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),
             **common,
         )
         drho = torch.zeros_like(rho)
@@ -243,7 +248,7 @@ class _LavoChunkFn(torch.autograd.Function):
         )
         dq = dq_mem.to(qf.dtype)  # the memory's dq (mem_bwd) plus the window's (dkv)
         basis_dtype, rho_dtype, mu_dtype, mu_shape = ctx.param_dtypes
-        dmu = dmu_part.sum(0)  # [H, S]
+        dmu = dmu_part.sum((0, 1))  # [H, S]
         if len(mu_shape) == 1:  # one bias shared by the segments
             dmu = dmu.sum(1)
         shape_q, shape_k = (batch, n, heads, d), (batch, m, heads, d)
@@ -254,7 +259,7 @@ class _LavoChunkFn(torch.autograd.Function):
         )
 
 
-_Q_META = ("D", "BD", "C", "WINDOW", "NKB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")  # the forward kernel
+_Q_META = ("D", "BD", "RB", "NRB", "C", "WINDOW", "NKB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")  # the forward kernel
 _DKV_META = ("D", "BD", "C", "WINDOW", "NQB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
 
 

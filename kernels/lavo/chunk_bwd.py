@@ -45,6 +45,23 @@ def _bias_grad(DRHO, ds, h, NB, base, QB: tl.constexpr, C: tl.constexpr):
     tl.atomic_add(DRHO + h * NB + idx_a, above, mask=(e > 0) & (idx_a >= 0) & (idx_a < NB), sem="relaxed")
 
 
+@triton.jit
+def _write(PTR, offs, x, mask, ADD: tl.constexpr):
+    """Store x, or add it atomically where several programs write the same place."""
+    if ADD:
+        tl.atomic_add(PTR + offs, x, mask=mask, sem="relaxed")
+    else:
+        tl.store(PTR + offs, x, mask=mask)
+
+
+@triton.jit
+def _write_rows(PTR, x, row0, pos, ok, h, H, D: tl.constexpr, BD: tl.constexpr, ADD: tl.constexpr):
+    """Rows `row0 + pos` of head `h` of a `[rows, H, D]` fp32 tensor: store or add x [len(pos), BD]."""
+    dd = tl.arange(0, BD)
+    offs = ((row0 + pos).to(tl.int64) * H + h)[:, None] * D + dd[None, :]
+    _write(PTR, offs, x, ok[:, None] & (dd < D)[None, :], ADD)
+
+
 # tuned once per (padded head dim, chunk, dtypes), not per length
 @triton.autotune(tuning_configs([(4, 2, {}), (8, 2, {})]), key=["BD", "C"])
 @triton.jit
@@ -52,22 +69,28 @@ def lavo_mem_bwd_kernel(
     Q, V, O, DO, LSE, BAS, MU, PRE, CNT, KVM, CHUNKS,
     DQM, DELTA, DB_PART, DMU_PART, DVL, WSUM,
     H, n_chunks, scale,
-    D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, C: tl.constexpr, GROUP: tl.constexpr,
-    SEG: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr,
-    PREC: tl.constexpr,
+    D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
+    GROUP: tl.constexpr, SEG: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr,
+    QMASK: tl.constexpr, PREC: tl.constexpr,
 ):
-    """The memory's backward, one program per GROUP query chunks and head: Delta, the
-    memory part of dq (fp32, DQM), the group's dB and dmu partial sums (dmu per segment,
-    BS >= SEG slots), and the parts of the reverse cumulative sum (DVL per key row in
-    the chunk, causal; WSUM per chunk and segment)."""
+    """The memory's backward, one program per GROUP query chunks, head and block of RB
+    basis rows: Delta, the memory part of dq (fp32, DQM), the group's dB rows and dmu
+    partial sums (dmu per segment, BS >= SEG slots), and the parts of the reverse
+    cumulative sum (DVL per key row in the chunk, causal; WSUM per chunk and segment).
+
+    Given the saved log-sum-exp and Delta, each slot's gradient is independent of the
+    other slots, so the NRB rank blocks run in parallel; with NRB > 1 their sums into DQM,
+    DVL and WSUM are fp32 atomic adds (the caller zeroes those buffers)."""
     DT: tl.constexpr = Q.dtype.element_ty
+    ADD: tl.constexpr = NRB > 1
     gid = tl.program_id(0)
     h = tl.program_id(1)
-    rr = tl.arange(0, BR)
+    rb = tl.program_id(2)
     dd = tl.arange(0, BD)
     segs = tl.arange(0, BS)
-    basis = load_basis(BAS, h, R, D, BR, BD).to(DT)  # [BR, BD]
-    db_acc = tl.zeros([BR, BD], tl.float32)
+    basis, rr = load_basis(BAS, h, rb * RB, R, D, RB, BD)  # [RB, BD]
+    basis = basis.to(DT)
+    db_acc = tl.zeros([RB, BD], tl.float32)
     dmu_acc = tl.zeros([BS], tl.float32)
     for i in range(GROUP):
         cid = gid * GROUP + i
@@ -80,17 +103,17 @@ def lavo_mem_bwd_kernel(
             tt = tl.minimum(t, m - 1)
             do = load_rows(DO, q_row0, t, t_ok, h, H, D, BD)
             delta = tl.sum(do.to(tl.float32) * load_rows(O, q_row0, t, t_ok, h, H, D, BD).to(tl.float32), 1)  # [C]
-            tl.store(DELTA + (q_row0 + t).to(tl.int64) * H + h, delta, mask=t < n)
+            tl.store(DELTA + (q_row0 + t).to(tl.int64) * H + h, delta, mask=(t < n) & (rb == 0))
             lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
             q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
-            g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, BR]
-            u = mem_dot(do, tl.trans(basis), DT, PREC)  # [C, BR]
-            dg = tl.zeros([C, BR], tl.float32)
+            g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
+            u = mem_dot(do, tl.trans(basis), DT, PREC)  # [C, RB]
+            dg = tl.zeros([C, RB], tl.float32)
             for seg in range(SEG):
                 vbar, cnt = memory_mean(
                     V, KVM, CNT, PRE, cid, seg, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK
                 )
-                hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, BR]
+                hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, RB]
                 e = (scale * hm * g + tl.load(MU + h * SEG + seg)) * 1.4426950408889634
                 pm = tl.where((rr < R)[None, :] & t_ok[:, None], tl.exp2(e - lse[:, None]), 0.0)
                 de = pm * (hm * u - delta[:, None])
@@ -99,19 +122,18 @@ def lavo_mem_bwd_kernel(
                 dh = scale * de * g + pm * u
                 db_acc += mem_dot(tl.trans(pm * hm), do, DT, PREC)
                 db_acc += mem_dot(tl.trans(dh), vbar, DT, PREC)
-                dvbar = mem_dot(dh, basis, DT, PREC)  # [C, BD]
+                dvbar = mem_dot(dh, basis, DT, PREC)  # [C, BD], this block's part
                 wv = tl.where((cnt > 0)[:, None], dvbar / tl.maximum(cnt, 1.0)[:, None], 0.0)
-                tl.store(WSUM + ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), mask=dd < D)
+                _write(WSUM, ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), dd < D, ADD)
                 if not NS:
                     # in-chunk reverse cumulative sum: dvl[j] = sum over t >= j of wv[t] (rows j = t)
-                    store_rows(DVL, tl.cumsum(wv, 0, reverse=True), kv_row0, t, t < m, h, H, D, BD)
-            store_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, t, t < n, h, H, D, BD)
+                    _write_rows(DVL, tl.cumsum(wv, 0, reverse=True), kv_row0, t, t < m, h, H, D, BD, ADD)
+            _write_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, t, t < n, h, H, D, BD, ADD)
             db_acc += mem_dot(tl.trans(dg), q, DT, PREC)
 
-    rows = tl.arange(0, BR)
-    db_offs = ((gid * H + h) * R + rows)[:, None].to(tl.int64) * D + dd[None, :]
-    tl.store(DB_PART + db_offs, db_acc, mask=(rows < R)[:, None] & (dd < D)[None, :])
-    tl.store(DMU_PART + (gid * H + h) * SEG + segs, dmu_acc, mask=segs < SEG)
+    db_offs = ((gid * H + h) * R + rr)[:, None].to(tl.int64) * D + dd[None, :]
+    tl.store(DB_PART + db_offs, db_acc, mask=(rr < R)[:, None] & (dd < D)[None, :])
+    tl.store(DMU_PART + ((gid * NRB + rb) * H + h) * SEG + segs, dmu_acc, mask=segs < SEG)
 
 
 @triton.jit

@@ -65,12 +65,13 @@ def key_valid(KVM, kv_row0, j, m, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
-def load_basis(BAS, h, R: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
-    """The head's basis B [BR, BD] in fp32, zero-padded."""
-    rr = tl.arange(0, BR)
+def load_basis(BAS, h, r0, R: tl.constexpr, D: tl.constexpr, RB: tl.constexpr, BD: tl.constexpr):
+    """Rows r0 .. r0+RB-1 of the head's basis B [R, D] in fp32, zero-padded -> [RB, BD],
+    and those rows' indices [RB]."""
+    rr = r0 + tl.arange(0, RB)
     dd = tl.arange(0, BD)
     offs = h * R * D + rr[:, None] * D + dd[None, :]
-    return tl.load(BAS + offs, mask=(rr < R)[:, None] & (dd < D)[None, :], other=0.0)
+    return tl.load(BAS + offs, mask=(rr < R)[:, None] & (dd < D)[None, :], other=0.0), rr
 
 
 @triton.jit

@@ -45,7 +45,7 @@ def chunk_value_sums_kernel(
 def lavo_fwd_kernel(
     Q, K, V, BAS, RHO, MU, PRE, CNT, KVM, O, LSE, CHUNKS,
     H, NB, scale,
-    D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, C: tl.constexpr,
+    D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
     WINDOW: tl.constexpr, NKB: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr,
     HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -57,25 +57,28 @@ def lavo_fwd_kernel(
     tt = tl.minimum(t, m - 1)
     q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
 
-    # memory: r slots h_i b_i per segment, logits scale * h_i (B q)_i + mu_segment
+    # memory: r slots h_i b_i per segment, logits scale * h_i (B q)_i + mu_segment, in
+    # NRB blocks of RB basis rows (one online softmax across blocks and segments)
     DT: tl.constexpr = Q.dtype.element_ty
-    basis = load_basis(BAS, h, R, D, BR, BD).to(DT)  # [BR, BD]
-    rr = tl.arange(0, BR)
-    g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, BR]
     m_i = tl.full([C], float("-inf"), tl.float32)
     l_i = tl.zeros([C], tl.float32)
     acc = tl.zeros([C, BD], tl.float32)
     for seg in range(SEG):  # memory logits are finite, so m_i is finite from here on
         vbar, cnt = memory_mean(V, KVM, CNT, PRE, cid, seg, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK)
-        hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, BR]
-        e = (scale * hm * g + tl.load(MU + h * SEG + seg)) * 1.4426950408889634
-        e = tl.where((rr < R)[None, :], e, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(e, 1))
-        alpha = tl.exp2(m_i - m_new)
-        pm = tl.exp2(e - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(pm, 1)
-        acc = acc * alpha[:, None] + mem_dot(pm * hm, basis, DT, PREC)  # [C, BD]
-        m_i = m_new
+        mu = tl.load(MU + h * SEG + seg)
+        for rb in range(NRB):
+            basis, rr = load_basis(BAS, h, rb * RB, R, D, RB, BD)  # [RB, BD]
+            basis = basis.to(DT)
+            g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
+            hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, RB]
+            e = (scale * hm * g + mu) * 1.4426950408889634
+            e = tl.where((rr < R)[None, :], e, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(e, 1))
+            alpha = tl.exp2(m_i - m_new)
+            pm = tl.exp2(e - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(pm, 1)
+            acc = acc * alpha[:, None] + mem_dot(pm * hm, basis, DT, PREC)  # [C, BD]
+            m_i = m_new
 
     # window: key blocks covering [lo, hi]
     if NS:

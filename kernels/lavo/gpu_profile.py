@@ -6,7 +6,7 @@ Protocol shape (bf16, H=16, d=64, w=128, r=64, 65,536 tokens per step): the time
 every autotuning candidate of each kernel (as the autotuner measured it on the first
 call), forward and forward+backward medians (`triton.testing.do_bench`) at T = 1K and
 8K, and one profiler table of the kernels of a forward+backward at 4K. Then the same
-medians at head dim 128 (rank = head dim) at T = 4K. JSON lines go to FILE;
+medians at head dims 128 and 256 (rank = head dim) at T = 4K. JSON lines go to FILE;
 the whole benchmark against SDPA and FlexAttention is `python -m lavo_tasks.bench`.
 """
 
@@ -85,7 +85,7 @@ def main():
                 for row in tuning_rows(DIM):
                     emit(row)
         print(kernel_table(4096), flush=True)
-        for dim in (128,):
+        for dim in (128, 256):
             emit(medians(4096, dim, dim))
             for row in tuning_rows(dim):
                 emit(row)
