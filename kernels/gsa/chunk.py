@@ -8,8 +8,8 @@ The causal scan (CS) is one autograd Function over the kernels of `chunk_kernels
     backward  _query_bwd_kernel            (per sub-chunk: p from the saved logits, dz, dq, gate grad)
               _chunk_read_grad_kernel  x2  (per chunk: its reads' gradient of its start state)
               _state_scan_kernel       x2  (state gradients at every chunk end: reverse scan)
-              _key_bwd_kernel              (per sub-chunk: dk, dv, ds, key part of the gate grad)
-              _gate_grad_kernel            (reverse cumulative sum into d log_alpha)
+              _key_bwd_kernel          x2  (per sub-chunk: dk, then dv, each with its share of ds)
+              _gate_grad_kernel            (key part of the gate grad, reverse cumulative sum: d log_alpha)
 
 The other patterns reuse it: NS runs it on the sequences reversed too, CC runs it with
 the target queries over the source and reads the final source state for queries past the
@@ -75,17 +75,28 @@ def _block(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
+# Dot precision for bf16 / fp16 inputs, one per family (fp32 inputs run "ieee" in both):
+# PREC_SLOTS for the dots whose results reach the log-gate gradient (state writes and their
+# gradients, slot-side reads, ds): that gradient is a difference of large sums, and plain
+# tf32 there left it at 6.1e-3 relative RMS at 8K (limit 5e-3). PREC_VALUES for the dots
+# that only reach o, dq, dk, dv. Values: "tf32x3", "tf32", "bf16" (see chunk_kernels).
+PREC_SLOTS = "tf32x3"
+PREC_VALUES = "tf32"
+# warps of the per-sub-chunk kernels for 64-wide tiles (output, query side, key side);
+# tiles wider than 64 take 8. At 4 warps ptxas spilled 500-860 B in each (sm_90a, d=M=64).
+WARPS = {"output": 8, "query": 8, "key": 8}
+
+
 class _Config:
-    """Block sizes, warps and dot precision for one call."""
+    """Block sizes, warps and dot precisions for one call."""
 
     def __init__(self, dk, dv, slots, dtype):
         self.BK, self.BV, self.BM = _block(dk), _block(dv), _block(slots)
         self.BDK, self.BDV = min(self.BK, BD_STATE), min(self.BV, BD_STATE)
-        self.warps = 4 if self.BM * max(self.BK, self.BV) <= 64 * 64 else 8
-        # the key-side backward holds the most tiles: 4 warps spilled 352 values on an H200
-        self.key_warps = 8
-        # tf32 alone loses the log-gate gradient (a difference of large sums) for bf16 inputs
-        self.prec = "ieee" if dtype == torch.float32 else "tf32x3"
+        wide = self.BM * max(self.BK, self.BV) > 64 * 64
+        self.warps = {name: 8 if wide else w for name, w in WARPS.items()}
+        exact = dtype == torch.float32
+        self.prec = dict(PREC_S="ieee" if exact else PREC_SLOTS, PREC_V="ieee" if exact else PREC_VALUES)
 
 
 class _CausalGSA(torch.autograd.Function):
@@ -110,15 +121,15 @@ class _CausalGSA(torch.autograd.Function):
         for x, states, d, bd, first in ((k, sk, dk, cfg.BDK, True), (v, sv, dv, cfg.BDV, False)):
             K._chunk_write_kernel[(n_chunks, heads, triton.cdiv(d, bd))](
                 x, g, b, gsum, states, chunks, heads, slots, d,
-                WRITE_B=first, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec, num_warps=4)
+                WRITE_B=first, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec["PREC_S"], num_warps=4)
         _scan((sk, sv), gsum, (h0k, h0v) if has_h0 else None, (hk, hv) if output_final_state else None, coff,
               (dk, dv), n_seq, heads, slots, reverse=False)
         o = torch.empty(n_tok, heads, dv, dtype=q.dtype, device=q.device)
         z = torch.empty_like(g)  # slot logits, kept for the backward
         K._output_fwd_kernel[(n_sub, heads)](
             q, k, v, g, b, sk, sv, o, z, sub, scale, heads, slots, dk, dv,
-            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SPAN=SPAN,
-            num_warps=cfg.warps)
+            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
+            num_warps=cfg.warps["output"])
         ctx.save_for_backward(q, k, v, g, b, z, gsum, sk, sv, hk, hv)
         ctx.scale, ctx.lengths, ctx.has_h0, ctx.cfg = scale, lengths, has_h0, cfg
         ctx.output_final_state = output_final_state
@@ -139,8 +150,8 @@ class _CausalGSA(torch.autograd.Function):
         dq = torch.empty_like(q)
         K._query_bwd_kernel[(n_sub, heads)](
             k, v, g, b, sk, sv, z, do, sub, p, dz, dq, dgate, scale, heads, slots, dk, dv,
-            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SPAN=SPAN,
-            num_warps=cfg.warps)
+            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
+            num_warps=cfg.warps["query"])
 
         has_dht = ctx.output_final_state and (dhk is not None or dhv is not None)
         if has_dht:
@@ -152,22 +163,26 @@ class _CausalGSA(torch.autograd.Function):
         dh0v = torch.empty(n_seq, heads, slots, dv, **f32)
         for w, x, dnext, d, bd, sc in ((dz, q, dnk, dk, cfg.BDK, scale), (p, do, dnv, dv, cfg.BDV, 1.0)):
             K._chunk_read_grad_kernel[(n_chunks, heads, triton.cdiv(d, bd))](
-                w, x, b, dnext, chunks, sc, heads, slots, d, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec, num_warps=4)
+                w, x, b, dnext, chunks, sc, heads, slots, d, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec["PREC_S"],
+                num_warps=4)
         _scan((dnk, dnv), gsum, (dhk, dhv) if has_dht else None, (dh0k, dh0v), coff, (dk, dv), n_seq, heads, slots,
               reverse=True)
 
         dk_, dv_, dg = torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
-        K._key_bwd_kernel[(n_sub, heads)](
-            q, k, v, g, b, do, p, dz, dnk, dnv, sub, dk_, dv_, dgate, dg, scale, heads, slots, dk, dv,
-            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, PREC=cfg.prec, SPAN=SPAN,
-            num_warps=cfg.key_warps)
+        ds = torch.empty(2, *g.shape, **f32)  # the K~ and V~ shares of the write weights' gradient
+        for w, x, y, dn, dy, share, d, bd, sc in ((dz, q, k, dnk, dk_, ds[0], dk, cfg.BK, scale),
+                                                  (p, do, v, dnv, dv_, ds[1], dv, cfg.BV, 1.0)):
+            K._key_bwd_kernel[(n_sub, heads)](
+                w, x, y, dn, g, b, sub, dy, share, sc, heads, slots, d,
+                BT=BT, BC=BC, BM=cfg.BM, BD=bd, SPAN=SPAN, **cfg.prec, num_warps=cfg.warps["key"])
         # the final state is a read at each sequence's last row: its share of the gate grad
         if has_dht:
             carry = (dhk * hk).sum(-1) + (dhv * hv).sum(-1)
         else:
             carry = torch.zeros(n_seq, heads, slots, **f32)
         K._gate_grad_kernel[(n_seq * heads, triton.cdiv(slots, GATE_SLOTS))](
-            dgate, dg, carry, cu, heads, slots, BT=BT, BM=GATE_SLOTS, WHILE_LOOPS=WHILE_LOOPS, num_warps=4)
+            dgate, ds[0], ds[1], g, dg, carry, cu, heads, slots, BT=BT, BM=GATE_SLOTS, WHILE_LOOPS=WHILE_LOOPS,
+            num_warps=4)
         if not ctx.has_h0:
             dh0k = dh0v = None
         return dq, dk_, dv_, dg, dh0k, dh0v, None, None, None

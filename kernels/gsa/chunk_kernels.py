@@ -21,11 +21,26 @@ block into matrix products. Pairs inside one sub-chunk use the same split with r
 sub-chunk's first row (factors up to exp(SPAN)) when the gates decay by less than
 exp(-SPAN) across it, and otherwise take exp(b_t - b_j) directly, one row at a time.
 
-Dots run on fp32 operands: "ieee" for fp32 inputs, "tf32x3" otherwise.
+Dot precision comes in two families (constexpr strings, chosen in `chunk.py`): PREC_S for
+the dots whose results reach the log-gate gradient (state writes and their gradients,
+slot-side reads, ds) and PREC_V for those that only reach o, dq, dk, dv (value-side
+reads). Each is "ieee" (fp32), "tf32x3", "tf32" or "bf16" (operands rounded to bf16);
+accumulation is fp32 in all.
 """
+
+import os
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr):
+    """a @ b with fp32 accumulation, operands at precision PREC (see the module docstring)."""
+    if PREC == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    else:
+        return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.jit
@@ -59,7 +74,7 @@ def _chunk_write_kernel(
     w = (1.0 - tl.exp(g)) * tl.exp(g_last[None, :] - b)  # [BT, BM], s_j decayed to the chunk end
     x = tl.load(x_ptr + (rows[:, None] * H + i_h) * D + o_d[None, :],
                 mask=m_t[:, None] & (o_d < D)[None, :], other=0.0).to(tl.float32)
-    out = tl.dot(tl.trans(w), x, input_precision=PREC)
+    out = _dot(tl.trans(w), x, PREC)
     tl.store(out_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * D + o_d[None, :], out,
              mask=m_m[:, None] & (o_d < D)[None, :])
 
@@ -84,7 +99,7 @@ def _chunk_read_grad_kernel(
     w = tl.load(w_ptr + p_tm, mask=m_tm, other=0.0) * tl.exp(tl.load(b_ptr + p_tm, mask=m_tm, other=0.0))
     x = tl.load(x_ptr + (rows[:, None] * H + i_h) * D + o_d[None, :],
                 mask=m_t[:, None] & (o_d < D)[None, :], other=0.0).to(tl.float32)
-    out = scale * tl.dot(tl.trans(w), x, input_precision=PREC)
+    out = scale * _dot(tl.trans(w), x, PREC)
     tl.store(out_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * D + o_d[None, :], out,
              mask=m_m[:, None] & (o_d < D)[None, :])
 
@@ -195,7 +210,7 @@ def _read_slots(x_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT:
     o_c = tl.arange(0, BC)
     o_m = tl.arange(0, BM)
     m_m = o_m < M
-    out = tl.dot(x_i, tl.trans(s0), input_precision=PREC) * tl.exp(b_i)
+    out = _dot(x_i, tl.trans(s0), PREC) * tl.exp(b_i)
     b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m, other=0.0)
     acc = tl.zeros([BC, BM], dtype=tl.float32)
     for jj in tl.static_range(BT // BC - 1):  # earlier sub-chunks of the chunk (all rows valid)
@@ -206,17 +221,17 @@ def _read_slots(x_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT:
             p_jm = (rows_j[:, None] * H + i_h) * M + o_m[None, :]
             g_j = tl.load(g_ptr + p_jm, mask=m_m[None, :], other=0.0)
             b_j = tl.load(b_ptr + p_jm, mask=m_m[None, :], other=0.0)
-            a = tl.dot(x_i, tl.trans(y_j), input_precision=PREC)  # [BC, BC]
+            a = _dot(x_i, tl.trans(y_j), PREC)  # [BC, BC]
             w = (1.0 - tl.exp(g_j)) * tl.exp(b_r[None, :] - b_j)
-            acc += tl.dot(a, w, input_precision=PREC)
+            acc += _dot(a, w, PREC)
     rows = r + o_c
     m_t = rows < eos
     if _diagonal_span(b_i, b_r) > -SPAN:  # the sub-chunk itself, as one product (rows past the end: s = 0)
         y_s = _load_rows(y_ptr, rows, m_t, i_h, H, D, BD)
         g_s = tl.load(g_ptr + (rows[:, None] * H + i_h) * M + o_m[None, :], mask=m_t[:, None] & m_m[None, :],
                       other=0.0)
-        a = tl.where(o_c[:, None] >= o_c[None, :], tl.dot(x_i, tl.trans(y_s), input_precision=PREC), 0.0)
-        acc += tl.dot(a, (1.0 - tl.exp(g_s)) * tl.exp(b_r[None, :] - b_i), input_precision=PREC)
+        a = tl.where(o_c[:, None] >= o_c[None, :], _dot(x_i, tl.trans(y_s), PREC), 0.0)
+        acc += _dot(a, (1.0 - tl.exp(g_s)) * tl.exp(b_r[None, :] - b_i), PREC)
         out += acc * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))  # rows past the end: b_i = 0
     else:
         out += acc * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))
@@ -245,7 +260,7 @@ def _read_values(w_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT
     o_c = tl.arange(0, BC)
     o_m = tl.arange(0, BM)
     m_m = o_m < M
-    out = tl.dot(w_i * tl.exp(b_i), s0, input_precision=PREC)
+    out = _dot(w_i * tl.exp(b_i), s0, PREC)
     b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m, other=0.0)
     w_r = w_i * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))  # rows past the end: b_i = 0
     for jj in tl.static_range(BT // BC - 1):
@@ -257,8 +272,8 @@ def _read_values(w_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT
             g_j = tl.load(g_ptr + p_jm, mask=m_m[None, :], other=0.0)
             b_j = tl.load(b_ptr + p_jm, mask=m_m[None, :], other=0.0)
             key = (1.0 - tl.exp(g_j)) * tl.exp(b_r[None, :] - b_j)
-            a = tl.dot(w_r, tl.trans(key), input_precision=PREC)  # [BC, BC]
-            out += tl.dot(a, y_j, input_precision=PREC)
+            a = _dot(w_r, tl.trans(key), PREC)  # [BC, BC]
+            out += _dot(a, y_j, PREC)
     rows = r + o_c
     m_t = rows < eos
     if _diagonal_span(b_i, b_r) > -SPAN:
@@ -266,8 +281,8 @@ def _read_values(w_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT
         g_s = tl.load(g_ptr + (rows[:, None] * H + i_h) * M + o_m[None, :], mask=m_t[:, None] & m_m[None, :],
                       other=0.0)
         key = (1.0 - tl.exp(g_s)) * tl.exp(b_r[None, :] - b_i)
-        a = tl.where(o_c[:, None] >= o_c[None, :], tl.dot(w_r, tl.trans(key), input_precision=PREC), 0.0)
-        out += tl.dot(a, y_s, input_precision=PREC)
+        a = tl.where(o_c[:, None] >= o_c[None, :], _dot(w_r, tl.trans(key), PREC), 0.0)
+        out += _dot(a, y_s, PREC)
     else:
         o_d = tl.arange(0, BD)
         for kk in range(0, BC):
@@ -302,7 +317,7 @@ def _output_fwd_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sk_ptr, sv_ptr, o_ptr, z_ptr, sub_ptr,
     scale, H, M, DK, DV,
     BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PREC: tl.constexpr, SPAN: tl.constexpr,
+    PREC_S: tl.constexpr, PREC_V: tl.constexpr, SPAN: tl.constexpr,
 ):
     """Output of one sub-chunk: slot logits, softmax, value read. The logits z (scaled,
     fp32) are also stored, for the backward; the probabilities are not."""
@@ -322,12 +337,12 @@ def _output_fwd_kernel(
     b_i = tl.load(b_ptr + p_tm, mask=m_tm, other=0.0)
     sk = tl.load(sk_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DK + o_k[None, :],
                  mask=m_m[:, None] & (o_k < DK)[None, :], other=0.0)
-    z = _read_slots(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC, SPAN) * scale
+    z = _read_slots(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC_S, SPAN) * scale
     tl.store(z_ptr + p_tm, z, mask=m_tm)
     p = _slot_softmax(z, M, BM)
     sv = tl.load(sv_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DV + o_v[None, :],
                  mask=m_m[:, None] & (o_v < DV)[None, :], other=0.0)
-    o = _read_values(p, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC, SPAN)
+    o = _read_values(p, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC_V, SPAN)
     tl.store(o_ptr + (rows[:, None] * H + i_h) * DV + o_v[None, :], o.to(o_ptr.dtype.element_ty),
              mask=m_t[:, None] & (o_v < DV)[None, :])
 
@@ -338,7 +353,7 @@ def _query_bwd_kernel(
     p_ptr, dz_ptr, dq_ptr, dgate_ptr,
     scale, H, M, DK, DV,
     BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PREC: tl.constexpr, SPAN: tl.constexpr,
+    PREC_S: tl.constexpr, PREC_V: tl.constexpr, SPAN: tl.constexpr,
 ):
     """Query side of the backward for one sub-chunk.
 
@@ -365,11 +380,11 @@ def _query_bwd_kernel(
     p = _slot_softmax(z, M, BM)
     sv = tl.load(sv_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DV + o_v[None, :],
                  mask=m_m[:, None] & (o_v < DV)[None, :], other=0.0)
-    dp = _read_slots(do_i, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC, SPAN)
+    dp = _read_slots(do_i, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC_S, SPAN)
     dz = p * (dp - tl.sum(p * dp, 1)[:, None])
     sk = tl.load(sk_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DK + o_k[None, :],
                  mask=m_m[:, None] & (o_k < DK)[None, :], other=0.0)
-    dq = _read_values(dz, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC, SPAN) * scale
+    dq = _read_values(dz, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC_V, SPAN) * scale
     dgate = tl.where(m_m[None, :], z * dz, 0.0) + p * dp
     tl.store(p_ptr + p_tm, p, mask=m_tm)
     tl.store(dz_ptr + p_tm, dz, mask=m_tm)
@@ -380,53 +395,45 @@ def _query_bwd_kernel(
 
 @triton.jit
 def _key_bwd_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, do_ptr, p_ptr, dz_ptr, dnk_ptr, dnv_ptr, sub_ptr,
-    dk_ptr, dv_ptr, dgate_ptr, dg_ptr,
-    scale, H, M, DK, DV,
-    BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PREC: tl.constexpr, SPAN: tl.constexpr,
+    w_ptr, x_ptr, y_ptr, dn_ptr, g_ptr, b_ptr, sub_ptr, dy_ptr, ds_ptr, sc, H, M, D,
+    BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+    PREC_S: tl.constexpr, PREC_V: tl.constexpr, SPAN: tl.constexpr,
 ):
-    """Key side of the backward for one sub-chunk of keys j.
+    """Key side of the backward for one sub-chunk of key rows j, from the later queries of
+    the same chunk and from the state gradient at the chunk end (dn); run twice, with
+    (w, x, y, dn, sc) = (dz, q, k, dK~, scale) and (p, do, v, dV~, 1): two launches keep
+    half the tiles live in each. With G the cumulative gate at the chunk's last row and t
+    over the queries of the chunk from row j on:
 
-    From the later queries of the same chunk (both passes) and from the state gradient
-    at the chunk end (dnext): dk, dv and ds, the gradient of the write weights s_j.
-    Then dgate_j -= s_j ds_j (the key part of the cumulative-gate gradient, in place) and
-    dg_j = -exp(g_j) ds_j (through s = 1 - exp(g)); the reverse cumulative sum of dgate
-    is added to dg afterwards (`_gate_grad_kernel`).
+        dy_j = (s_j exp(G - b_j)) dn + sc sum_t (sum_m w_t,m s_j,m exp(b_t,m - b_j,m)) x_t
+        ds_j,m = exp(G_m - b_j,m) (y_j . dn_m) + sc sum_t exp(b_t,m - b_j,m) (y_j . x_t) w_t,m
+
+    stores dy (dk or dv) and this launch's share of ds [BC, M], the gradient of the write
+    weights s_j (the two shares are summed by `_gate_grad_kernel`).
     """
     i_s, i_h = tl.program_id(0), tl.program_id(1)
     j0, c0, i_c, eos = _sub_chunk_rows(sub_ptr, i_s)
     o_c = tl.arange(0, BC)
     o_m = tl.arange(0, BM)
-    o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
+    o_d = tl.arange(0, BD)
     rows = j0 + o_c
     m_t = rows < eos
     m_m = o_m < M
-    m_k = o_k < DK
-    m_v = o_v < DV
+    m_d = o_d < D
     m_tm = m_t[:, None] & m_m[None, :]
     p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
-    k_j = tl.load(k_ptr + (rows[:, None] * H + i_h) * DK + o_k[None, :],
-                  mask=m_t[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-    v_j = tl.load(v_ptr + (rows[:, None] * H + i_h) * DV + o_v[None, :],
-                  mask=m_t[:, None] & m_v[None, :], other=0.0).to(tl.float32)
-    g_j = tl.load(g_ptr + p_tm, mask=m_tm, other=0.0)
+    y_j = _load_rows(y_ptr, rows, m_t, i_h, H, D, BD)
     b_j = tl.load(b_ptr + p_tm, mask=m_tm, other=0.0)
-    s_j = 1.0 - tl.exp(g_j)
+    s_j = 1.0 - tl.exp(tl.load(g_ptr + p_tm, mask=m_tm, other=0.0))
     end = tl.minimum(c0 + BT, eos)
 
     # through the state at the chunk end
     g_last = tl.load(b_ptr + ((end - 1) * H + i_h) * M + o_m, mask=m_m, other=0.0)
     to_end = tl.exp(tl.minimum(g_last[None, :] - b_j, 0.0))  # [BC, BM]
-    dnk = tl.load(dnk_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DK + o_k[None, :],
-                  mask=m_m[:, None] & m_k[None, :], other=0.0)
-    dnv = tl.load(dnv_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DV + o_v[None, :],
-                  mask=m_m[:, None] & m_v[None, :], other=0.0)
-    dk = tl.dot(s_j * to_end, dnk, input_precision=PREC)
-    dv = tl.dot(s_j * to_end, dnv, input_precision=PREC)
-    ds = to_end * (tl.dot(k_j, tl.trans(dnk), input_precision=PREC)
-                   + tl.dot(v_j, tl.trans(dnv), input_precision=PREC))
+    dn = tl.load(dn_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * D + o_d[None, :],
+                 mask=m_m[:, None] & m_d[None, :], other=0.0)
+    dy = _dot(s_j * to_end, dn, PREC_V)
+    ds = to_end * _dot(y_j, tl.trans(dn), PREC_S)
 
     # through the queries of the later sub-chunks (reference row: the next sub-chunk's first)
     r = j0 + BC
@@ -440,83 +447,61 @@ def _key_bwd_kernel(
             m_i = rows_i < eos
             m_im = m_i[:, None] & m_m[None, :]
             p_im = (rows_i[:, None] * H + i_h) * M + o_m[None, :]
-            q_i = tl.load(q_ptr + (rows_i[:, None] * H + i_h) * DK + o_k[None, :],
-                          mask=m_i[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-            do_i = tl.load(do_ptr + (rows_i[:, None] * H + i_h) * DV + o_v[None, :],
-                           mask=m_i[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+            x_i = _load_rows(x_ptr, rows_i, m_i, i_h, H, D, BD)
             b_i = tl.load(b_ptr + p_im, mask=m_im, other=0.0)
-            decay = tl.where(m_im, tl.exp(tl.minimum(b_i - b_r[None, :], 0.0)), 0.0)
-            dz_i = tl.load(dz_ptr + p_im, mask=m_im, other=0.0) * decay
-            p_i = tl.load(p_ptr + p_im, mask=m_im, other=0.0) * decay
-            w1 = tl.dot(dz_i, tl.trans(key), input_precision=PREC)  # [BC_t, BC_j]
-            w2 = tl.dot(p_i, tl.trans(key), input_precision=PREC)
-            dk += scale * tl.dot(tl.trans(w1), q_i, input_precision=PREC)
-            dv += tl.dot(tl.trans(w2), do_i, input_precision=PREC)
-            a = tl.dot(k_j, tl.trans(q_i), input_precision=PREC)  # [BC_j, BC_t]
-            d = tl.dot(v_j, tl.trans(do_i), input_precision=PREC)
-            acc_s += scale * tl.dot(a, dz_i, input_precision=PREC) + tl.dot(d, p_i, input_precision=PREC)
-    ds += acc_s * tl.exp(tl.minimum(b_r[None, :] - b_j, 0.0))
+            w_i = tl.load(w_ptr + p_im, mask=m_im, other=0.0) * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))
+            w1 = _dot(w_i, tl.trans(key), PREC_V)  # [BC_t, BC_j]
+            dy += sc * _dot(tl.trans(w1), x_i, PREC_V)
+            a = _dot(y_j, tl.trans(x_i), PREC_S)  # [BC_j, BC_t]
+            acc_s += _dot(a, w_i, PREC_S)
+    ds += sc * acc_s * tl.exp(tl.minimum(b_r[None, :] - b_j, 0.0))
 
     # through the queries of the sub-chunk itself (query row t >= key row j), reference row j0
     b_0 = tl.load(b_ptr + (j0 * H + i_h) * M + o_m, mask=m_m, other=0.0)
-    if _diagonal_span(b_j, b_0) > -SPAN:  # one product per term (rows past the end: q = do = dz = p = 0)
-        decay = tl.exp(tl.minimum(b_j - b_0[None, :], 0.0))  # query side, rows t
-        dz_s = tl.load(dz_ptr + p_tm, mask=m_tm, other=0.0) * decay
-        p_s = tl.load(p_ptr + p_tm, mask=m_tm, other=0.0) * decay
-        q_s = _load_rows(q_ptr, rows, m_t, i_h, H, DK, BK)
-        do_s = _load_rows(do_ptr, rows, m_t, i_h, H, DV, BV)
+    if _diagonal_span(b_j, b_0) > -SPAN:  # one product per term (rows past the end: x = w = 0)
+        w_s = tl.load(w_ptr + p_tm, mask=m_tm, other=0.0) * tl.exp(tl.minimum(b_j - b_0[None, :], 0.0))
+        x_s = _load_rows(x_ptr, rows, m_t, i_h, H, D, BD)
         key = s_j * tl.exp(b_0[None, :] - b_j)
-        t_ge_j = o_c[:, None] >= o_c[None, :]  # [t, j]
-        w1 = tl.where(t_ge_j, tl.dot(dz_s, tl.trans(key), input_precision=PREC), 0.0)
-        w2 = tl.where(t_ge_j, tl.dot(p_s, tl.trans(key), input_precision=PREC), 0.0)
-        dk += scale * tl.dot(tl.trans(w1), q_s, input_precision=PREC)
-        dv += tl.dot(tl.trans(w2), do_s, input_precision=PREC)
-        j_le_t = o_c[:, None] <= o_c[None, :]  # [j, t]
-        a = tl.where(j_le_t, tl.dot(k_j, tl.trans(q_s), input_precision=PREC), 0.0)
-        d = tl.where(j_le_t, tl.dot(v_j, tl.trans(do_s), input_precision=PREC), 0.0)
-        ds += tl.exp(b_0[None, :] - b_j) * (scale * tl.dot(a, dz_s, input_precision=PREC)
-                                            + tl.dot(d, p_s, input_precision=PREC))
+        w1 = tl.where(o_c[:, None] >= o_c[None, :], _dot(w_s, tl.trans(key), PREC_V), 0.0)  # [t, j]
+        dy += sc * _dot(tl.trans(w1), x_s, PREC_V)
+        a = tl.where(o_c[:, None] <= o_c[None, :], _dot(y_j, tl.trans(x_s), PREC_S), 0.0)  # [j, t]
+        ds += sc * tl.exp(b_0[None, :] - b_j) * _dot(a, w_s, PREC_S)
     else:  # one query row at a time, exp(b_t - b_j) directly
-        for tt in range(0, BC):  # past the end: q = do = dz = p = 0
+        for tt in range(0, BC):  # past the end: x = w = 0
             t = j0 + tt
             ok = t < eos
-            q_t = tl.load(q_ptr + (t * H + i_h) * DK + o_k, mask=m_k & ok, other=0.0).to(tl.float32)
-            do_t = tl.load(do_ptr + (t * H + i_h) * DV + o_v, mask=m_v & ok, other=0.0).to(tl.float32)
+            x_t = tl.load(x_ptr + (t * H + i_h) * D + o_d, mask=m_d & ok, other=0.0).to(tl.float32)
             b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
-            dz_t = tl.load(dz_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
-            p_t = tl.load(p_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
+            w_t = tl.load(w_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
             decay = tl.where((o_c <= tt)[:, None], tl.exp(tl.minimum(b_t[None, :] - b_j, 0.0)), 0.0)
-            s_decay = s_j * decay
-            w1 = tl.sum(dz_t[None, :] * s_decay, 1)  # [BC_j]
-            w2 = tl.sum(p_t[None, :] * s_decay, 1)
-            dk += scale * w1[:, None] * q_t[None, :]
-            dv += w2[:, None] * do_t[None, :]
-            a = tl.sum(k_j * q_t[None, :], 1)
-            d = tl.sum(v_j * do_t[None, :], 1)
-            ds += decay * (scale * a[:, None] * dz_t[None, :] + d[:, None] * p_t[None, :])
+            dy += sc * tl.sum(w_t[None, :] * s_j * decay, 1)[:, None] * x_t[None, :]
+            ds += sc * decay * tl.sum(y_j * x_t[None, :], 1)[:, None] * w_t[None, :]
 
-    tl.store(dk_ptr + (rows[:, None] * H + i_h) * DK + o_k[None, :], dk.to(dk_ptr.dtype.element_ty),
-             mask=m_t[:, None] & m_k[None, :])
-    tl.store(dv_ptr + (rows[:, None] * H + i_h) * DV + o_v[None, :], dv.to(dv_ptr.dtype.element_ty),
-             mask=m_t[:, None] & m_v[None, :])
-    dgate = tl.load(dgate_ptr + p_tm, mask=m_tm, other=0.0) - s_j * ds
-    tl.store(dgate_ptr + p_tm, dgate, mask=m_tm)
-    tl.store(dg_ptr + p_tm, -tl.exp(g_j) * ds, mask=m_tm)
+    tl.store(dy_ptr + (rows[:, None] * H + i_h) * D + o_d[None, :], dy.to(dy_ptr.dtype.element_ty),
+             mask=m_t[:, None] & m_d[None, :])
+    tl.store(ds_ptr + p_tm, ds, mask=m_tm)
 
 
 @triton.jit
-def _gate_grad_load(i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT: tl.constexpr):
+def _gate_grad_load(i_c, dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, bos, eos, i_h, H, M, o_m, BT: tl.constexpr):
+    """For chunk i_c (nothing if i_c < 0): the gradient of the cumulative log-gates,
+    dgate - s ds (query part minus key part), and the direct one -exp(g) ds through
+    s = 1 - exp(g); ds = dsk + dsv."""
     rows = bos + i_c * BT + tl.arange(0, BT)
     m_tm = (rows < eos)[:, None] & (o_m < M)[None, :] & (i_c >= 0)
     p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
-    return tl.load(dgate_ptr + p_tm, mask=m_tm, other=0.0), tl.load(dg_ptr + p_tm, mask=m_tm, other=0.0)
+    ds = tl.load(dsk_ptr + p_tm, mask=m_tm, other=0.0) + tl.load(dsv_ptr + p_tm, mask=m_tm, other=0.0)
+    alpha = tl.exp(tl.load(g_ptr + p_tm, mask=m_tm, other=0.0))
+    return tl.load(dgate_ptr + p_tm, mask=m_tm, other=0.0) - (1.0 - alpha) * ds, -alpha * ds
 
 
 @triton.jit
-def _gate_grad_step(carry, x, dg, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT: tl.constexpr):
-    """dg += reverse cumulative sum of dgate (x) over chunk i_c, plus what follows it
-    (carry); the previous chunk's tiles are loaded one step ahead."""
-    x_next, dg_next = _gate_grad_load(i_c - 1, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT)
+def _gate_grad_step(carry, x, dg, i_c, dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, dg_ptr, bos, eos, i_h, H, M, o_m,
+                    BT: tl.constexpr):
+    """dg = direct part (dg) + reverse cumulative sum of the cumulative-gate gradient (x)
+    over chunk i_c, plus what follows it (carry); the previous chunk's tiles are loaded
+    one step ahead."""
+    x_next, dg_next = _gate_grad_load(i_c - 1, dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, bos, eos, i_h, H, M, o_m, BT)
     rows = bos + i_c * BT + tl.arange(0, BT)
     m_tm = (rows < eos)[:, None] & (o_m < M)[None, :]
     tl.store(dg_ptr + (rows[:, None] * H + i_h) * M + o_m[None, :],
@@ -525,15 +510,15 @@ def _gate_grad_step(carry, x, dg, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o
 
 
 @triton.jit
-def _gate_grad_kernel(dgate_ptr, dg_ptr, carry_ptr, cu_ptr, H, M, BT: tl.constexpr, BM: tl.constexpr,
-                      WHILE_LOOPS: tl.constexpr):
-    """dg_t += carry + sum_{t' >= t in the sequence} dgate_t' (log-gate gradient), for
-    slots [i_m*BM, i_m*BM+BM) of one (sequence, head).
+def _gate_grad_kernel(dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, dg_ptr, carry_ptr, cu_ptr, H, M, BT: tl.constexpr,
+                      BM: tl.constexpr, WHILE_LOOPS: tl.constexpr):
+    """Log-gate gradient dg_t = -exp(g_t) ds_t + carry + sum_{t' >= t in the sequence}
+    (dgate_t' - s_t' ds_t'), for slots [i_m*BM, i_m*BM+BM) of one (sequence, head).
 
-    dgate_t' is the gradient with respect to the cumulative log-gate G_t' = sum of g up to
-    t' (every term of the recurrence carries exp(G_t' - G_j)), so it reaches every g_t
-    with t <= t' of the same sequence. `carry` [NS, H, M] is the final state's share
-    (the final state is a read at the last row).
+    dgate_t' - s_t' ds_t' is the gradient with respect to the cumulative log-gate
+    G_t' = sum of g up to t' (every term of the recurrence carries exp(G_t' - G_j)), so it
+    reaches every g_t with t <= t' of the same sequence. `carry` [NS, H, M] is the final
+    state's share (the final state is a read at the last row).
     """
     i_nh, i_m = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
@@ -542,13 +527,14 @@ def _gate_grad_kernel(dgate_ptr, dg_ptr, carry_ptr, cu_ptr, H, M, BT: tl.constex
     o_m = i_m * BM + tl.arange(0, BM)
     carry = tl.load(carry_ptr + i_nh * M + o_m, mask=o_m < M, other=0.0)
     n_c = tl.cdiv(eos - bos, BT)
-    x, dg = _gate_grad_load(n_c - 1, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT)
+    x, dg = _gate_grad_load(n_c - 1, dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, bos, eos, i_h, H, M, o_m, BT)
     if WHILE_LOOPS:
         i_c = n_c - 1
         while i_c >= 0:
-            carry, x, dg = _gate_grad_step(carry, x, dg, i_c, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m, BT)
+            carry, x, dg = _gate_grad_step(carry, x, dg, i_c, dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, dg_ptr, bos, eos,
+                                           i_h, H, M, o_m, BT)
             i_c -= 1
     else:
         for i in range(0, n_c):
-            carry, x, dg = _gate_grad_step(carry, x, dg, n_c - 1 - i, dgate_ptr, dg_ptr, bos, eos, i_h, H, M, o_m,
-                                           BT)
+            carry, x, dg = _gate_grad_step(carry, x, dg, n_c - 1 - i, dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, dg_ptr,
+                                           bos, eos, i_h, H, M, o_m, BT)

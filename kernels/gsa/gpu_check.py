@@ -1,6 +1,7 @@
 """Time the GSA Triton kernels on a GPU beside the peer (fla's `chunk_gsa`) and SDPA.
 
     python -m lavo_tasks.kernels.gsa.gpu_check [--out DIR] [--lengths 1024,2048,...]
+        [--variants base,values_bf16,...]
 
 Protocol of PERFORMANCE.md: bf16, H=16, head dim 64, 64 slots, 65,536 tokens per step
 (B = 65536 / T), medians of `triton.testing.do_bench`, forward and forward+backward
@@ -9,6 +10,8 @@ with batch 8. Writes JSON lines to DIR/gsa_timing.jsonl and a per-kernel breakdo
 (torch.profiler) of one fwd+bwd at the shortest and longest T; prints a table last.
 The benchmark of record is `lavo_tasks.bench` (the lead's); this is the kernel author's check.
 fla's `chunk_gsa` autotunes on first use (minutes on an H200): `--impls gsa,sdpa` skips it.
+`--variants` times the GSA kernels again with other dot precisions / warps (VARIANTS) and
+measures each one's error against the fp32 PyTorch path at T=8K (limit 5e-3 relative RMS).
 Measured numbers and what limits the kernels: PERF_NOTES.md beside this file.
 """
 
@@ -21,8 +24,17 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from lavo_tasks.kernels import gsa_attn, gsa_decode_step
+from lavo_tasks.kernels.gsa import chunk
 
 HEADS, DIM, SLOTS, TOKENS = 16, 64, 64, 65536
+# settings of `chunk` to compare against its defaults ("base")
+VARIANTS = {
+    "base": {},
+    "values_bf16": {"PREC_VALUES": "bf16"},
+    "values_tf32x3": {"PREC_VALUES": "tf32x3"},
+    "slots_tf32": {"PREC_SLOTS": "tf32"},
+    "warps4": {"WARPS": {"output": 4, "query": 4, "key": 4}},
+}
 
 
 def _inputs(batch, length, device="cuda"):
@@ -62,6 +74,32 @@ def _measure(fn, xs):
     return fwd, both, peak
 
 
+def _errors():
+    """Relative RMS error of the bf16 kernels against the fp32 PyTorch path (same bf16-rounded
+    inputs), T=8K, B=1, H=4: output and gradients of a random projection of it."""
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 8192, 4, DIM, device="cuda").bfloat16() for _ in range(3))
+    la = (F.logsigmoid(torch.randn(1, 8192, 4, SLOTS, device="cuda") * 2) / 4).bfloat16()
+    w = torch.randn(1, 8192, 4, DIM, device="cuda")
+    results = []
+    for backend, dtype in (("triton", torch.bfloat16), ("torch", torch.float32)):
+        xs = [x.to(dtype).requires_grad_() for x in (q, k, v, la)]
+        o = gsa_attn(*xs, backend=backend)[0]
+        (o.float() * w).sum().backward()
+        results.append([o] + [x.grad for x in xs])
+    names = ["o", "dq", "dk", "dv", "dlog_alpha"]
+    return {n: ((a.double() - b.double()).norm() / b.double().norm()).item() for n, a, b in zip(names, *results)}
+
+
+def _set_variant(name):
+    """Apply VARIANTS[name] to `chunk` (defaults first)."""
+    for key, value in {**_DEFAULTS, **VARIANTS[name]}.items():
+        setattr(chunk, key, value)
+
+
+_DEFAULTS = {key: getattr(chunk, key) for variant in VARIANTS.values() for key in variant}
+
+
 def _breakdown(fn, xs, label, out_dir):
     """Per-kernel CUDA times of one fwd+bwd (after a warm-up), to a text file."""
     fn(*xs).sum().backward()
@@ -90,8 +128,9 @@ def _print_resources():
         for caches in fn.device_caches.values():
             for kernel in caches[0].values():
                 kernel._init_handles()
+                precs = [v for v in getattr(kernel.src, "constexprs", {}).values() if isinstance(v, str)]
                 print(f"  {name}: regs {kernel.n_regs} spills {kernel.n_spills} shared {kernel.metadata.shared}"
-                      f" warps {kernel.metadata.num_warps} stages {kernel.metadata.num_stages}")
+                      f" warps {kernel.metadata.num_warps} stages {kernel.metadata.num_stages} {'/'.join(precs)}")
 
 
 def main():
@@ -100,6 +139,8 @@ def main():
     parser.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768,65536")
     parser.add_argument("--impls", default="gsa,fla_chunk_gsa,sdpa", help="any of gsa, fla_chunk_gsa, sdpa")
     parser.add_argument("--quick", action="store_true", help="skip the 128K run and the decode timing")
+    parser.add_argument("--variants", default="base",
+                        help=f"GSA settings to time and check for accuracy, any of {', '.join(VARIANTS)}")
     args = parser.parse_args()
     known = {"gsa": _ours, "fla_chunk_gsa": _fla, "sdpa": _sdpa}
     impls = {name: known[name] for name in args.impls.split(",")}
@@ -126,6 +167,7 @@ def main():
                 _breakdown(_fla, xs, f"fla_T{length}", args.out)
         del xs
     _table(rows, impls, lengths)
+    _compare_variants(args.variants.split(","), lengths, log)
     if args.quick:
         return
     # one sequence of 128K
@@ -150,6 +192,28 @@ def main():
     r = rows[-1]
     print(f"gsa B=1 T=128K: {r['fwd_ms']:.2f} / {r['fwdbwd_ms']:.2f} ms ({r['peak_mib']:.0f} MiB)")
     print(f"gsa decode step, batch 8: {dec * 1000:.1f} us per token")
+
+
+def _compare_variants(names, lengths, log):
+    """fwd / fwd+bwd and the error against the fp32 path for each GSA variant."""
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    for name in names:
+        _set_variant(name)
+        cells = []
+        for length in lengths:
+            fwd, both, _ = _measure(_ours, _inputs(TOKENS // length, length))
+            cells.append(f"T={length}: {fwd:.2f} / {both:.2f}")
+            log.write(json.dumps(dict(impl=f"gsa:{name}", T=length, fwd_ms=fwd, fwdbwd_ms=both)) + "\n")
+        errors = _errors()
+        log.write(json.dumps(dict(impl=f"gsa:{name}", rel_rms_8k=errors)) + "\n")
+        log.flush()
+        print(f"variant {name}: " + "  ".join(cells) + " ms\n  rel RMS at 8K: "
+              + " ".join(f"{n}={e:.1e}" for n, e in errors.items()), flush=True)
+    _set_variant("base")
+    print("kernels compiled (all variants):")
+    _print_resources()
 
 
 def _table(rows, impls, lengths):
