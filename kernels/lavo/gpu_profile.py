@@ -2,12 +2,13 @@
 
     python -m lavo_tasks.kernels.lavo.gpu_profile [--out FILE]
 
-Protocol shape (bf16, H=16, d=64, w=128, r=64, 65,536 tokens per step): the time of
-every autotuning candidate of each kernel (as the autotuner measured it on the first
-call), forward and forward+backward medians (`triton.testing.do_bench`) at T = 1K and
-8K, and one profiler table of the kernels of a forward+backward at 4K. Then the same
-medians at head dims 128 and 256 (rank = head dim) at T = 4K. JSON lines go to FILE;
-the whole benchmark against SDPA and FlexAttention is `python -m lavo_tasks.bench`.
+Protocol shape (bf16, H=16, d=64, w=128, r=64, 65,536 tokens per step), for chunks of
+64 and of 32 positions: forward and forward+backward medians (`triton.testing.do_bench`)
+at T = 1K and 8K and the time of every autotuning candidate of each kernel (as the
+autotuner measured it on the first call); one profiler table of the kernels of a
+forward+backward at 4K (default chunk); then the medians at head dim 256, rank 256,
+T = 4K. JSON lines go to FILE as they come; the whole benchmark against SDPA and
+FlexAttention is `python -m lavo_tasks.bench`.
 """
 
 import argparse
@@ -16,7 +17,7 @@ import json
 import torch
 from triton.testing import do_bench
 
-from .chunk import chunk_lavo_attn
+from .chunk import chunk_lavo_attn, lavo_chunked
 from .chunk_bwd import lavo_dkv_kernel, lavo_mem_bwd_kernel
 from .chunk_fwd import lavo_fwd_kernel
 
@@ -33,9 +34,14 @@ def inputs(T, dim=DIM, rank=RANK):
     return [x.requires_grad_() for x in (q, k, v, basis, rel_bias, mem_bias)]
 
 
-def medians(T, dim=DIM, rank=RANK):
+def medians(T, dim=DIM, rank=RANK, chunk=None):
+    """fwd and fwd+bwd medians (ms); `chunk` None: the default of `chunk_lavo_attn`."""
     leaves = inputs(T, dim, rank)
-    fwd = lambda: chunk_lavo_attn(*leaves, window=WINDOW)  # noqa: E731
+    options = dict(window=WINDOW, causal=True, cross=False, segments=1, scale=None, kv_mask=None, cu_seqlens=None)
+    if chunk is None:
+        fwd = lambda: chunk_lavo_attn(*leaves, window=WINDOW)  # noqa: E731
+    else:
+        fwd = lambda: lavo_chunked(*leaves, chunk=chunk, **options)  # noqa: E731
 
     def fwd_bwd():
         fwd().float().sum().backward()
@@ -44,17 +50,17 @@ def medians(T, dim=DIM, rank=RANK):
     with torch.no_grad():
         fwd_ms = do_bench(fwd, warmup=25, rep=100, return_mode="median")
     both_ms = do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
-    return {"T": T, "dim": dim, "rank": rank, "fwd_ms": fwd_ms, "fwd_bwd_ms": both_ms}
+    return {"T": T, "dim": dim, "rank": rank, "chunk": chunk or "default", "fwd_ms": fwd_ms, "fwd_bwd_ms": both_ms}
 
 
-def tuning_rows(dim):
-    """What the autotuner measured for each kernel's candidates (ms, median) at the last tuning."""
+def tuning_rows(**shape):
+    """What the autotuner measured for each kernel's candidates (ms, median) at its last tuning."""
     rows = []
     for name, kernel in TUNED.items():
         timings = getattr(kernel, "configs_timings", None) or {}
         for config, ms in timings.items():
             chosen = config is kernel.best_config
-            rows.append({"kernel": name, "dim": dim, "config": str(config), "ms": ms[0], "chosen": chosen})
+            rows.append({"kernel": name, **shape, "config": str(config), "ms": ms[0], "chosen": chosen})
     return rows
 
 
@@ -79,16 +85,16 @@ def main():
             f.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
 
-        for T in (1024, 8192):
-            emit(medians(T))
-            if T == 1024:
-                for row in tuning_rows(DIM):
-                    emit(row)
+        for chunk in (64, 32):
+            for T in (1024, 8192):
+                emit(medians(T, chunk=chunk))
+                if T == 1024:
+                    for row in tuning_rows(dim=DIM, chunk=chunk):
+                        emit(row)
         print(kernel_table(4096), flush=True)
-        for dim in (128, 256):
-            emit(medians(4096, dim, dim))
-            for row in tuning_rows(dim):
-                emit(row)
+        emit(medians(4096, 256, 256))
+        for row in tuning_rows(dim=256):
+            emit(row)
 
 
 if __name__ == "__main__":
