@@ -33,12 +33,28 @@ import os
 import triton
 import triton.language as tl
 
+# Triton's interpreter multiplies the raw bits of bf16 dot operands and rounds fp32 to
+# bf16 toward zero; there the operands of a "bf16" dot are rounded to the nearest bf16 value
+# by `_round_bf16` and multiplied in fp32 (products of two bf16 values are exact in fp32)
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@triton.jit
+def _round_bf16(x):
+    """fp32 x rounded to the nearest bf16 value (ties to even), kept in fp32 (finite x)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
 
 @triton.jit
 def _dot(a, b, PREC: tl.constexpr):
     """a @ b with fp32 accumulation, operands at precision PREC (see the module docstring)."""
     if PREC == "bf16":
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        if _INTERPRETED:
+            return tl.dot(_round_bf16(a.to(tl.float32)), _round_bf16(b.to(tl.float32)))
+        else:
+            return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
     else:
         return tl.dot(a, b, input_precision=PREC)
 
