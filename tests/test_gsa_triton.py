@@ -169,7 +169,7 @@ def test_uncovered_cases_raise_not_implemented():
         chunk_gsa_attn(*(x.double() for x in _inputs(1, 4, 4)))
 
 
-@pytest.mark.parametrize("slots_prec,values_prec", [("tf32x3", "bf16"), ("bf16", "bf16")])
+@pytest.mark.parametrize("slots_prec,values_prec", [("tf32x3", "bf16"), ("bf16x3", "bf16"), ("bf16", "bf16")])
 def test_bf16_dot_precision_families(monkeypatch, slots_prec, values_prec):
     """bf16 inputs with bf16-operand dots (the kernels round the operands to the nearest
     bf16 as the GPU does) against the float64 reference on the same bf16-rounded inputs.

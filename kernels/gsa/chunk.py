@@ -79,7 +79,7 @@ def _block(n: int) -> int:
 # PREC_SLOTS for the dots whose results reach the log-gate gradient (state writes and their
 # gradients, slot-side reads, ds): that gradient is a difference of large sums, and plain
 # tf32 there left it at 6.1e-3 relative RMS at 8K (limit 5e-3). PREC_VALUES for the dots
-# that only reach o, dq, dk, dv. Values: "tf32x3", "tf32", "bf16" (see chunk_kernels).
+# that only reach o, dq, dk, dv. Values: "tf32x3", "bf16x3", "tf32", "bf16" (see chunk_kernels).
 PREC_SLOTS = "tf32x3"
 PREC_VALUES = "tf32"
 # warps of the per-sub-chunk kernels for 64-wide tiles (output, query side, key side);

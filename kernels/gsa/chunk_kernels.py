@@ -24,8 +24,9 @@ exp(-SPAN) across it, and otherwise take exp(b_t - b_j) directly, one row at a t
 Dot precision comes in two families (constexpr strings, chosen in `chunk.py`): PREC_S for
 the dots whose results reach the log-gate gradient (state writes and their gradients,
 slot-side reads, ds) and PREC_V for those that only reach o, dq, dk, dv (value-side
-reads). Each is "ieee" (fp32), "tf32x3", "tf32" or "bf16" (operands rounded to bf16);
-accumulation is fp32 in all.
+reads). Each is "ieee" (fp32), "tf32x3" or "bf16x3" (each operand split in two, three
+products: about 21 or 16 significant bits), "tf32" (11) or "bf16" (operands rounded to
+bf16, 8); accumulation is fp32 in all.
 """
 
 import os
@@ -33,9 +34,9 @@ import os
 import triton
 import triton.language as tl
 
-# Triton's interpreter multiplies the raw bits of bf16 dot operands and rounds fp32 to
-# bf16 toward zero; there the operands of a "bf16" dot are rounded to the nearest bf16 value
-# by `_round_bf16` and multiplied in fp32 (products of two bf16 values are exact in fp32)
+# Triton's interpreter multiplies the raw bits of bf16 dot operands, rounds fp32 to bf16
+# toward zero and has no "bf16x3": there `_dot` rounds operands to the nearest bf16 value
+# (`_round_bf16`) and multiplies them in fp32 (products of two bf16 values are exact).
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
@@ -50,11 +51,16 @@ def _round_bf16(x):
 @triton.jit
 def _dot(a, b, PREC: tl.constexpr):
     """a @ b with fp32 accumulation, operands at precision PREC (see the module docstring)."""
-    if PREC == "bf16":
-        if _INTERPRETED:
-            return tl.dot(_round_bf16(a.to(tl.float32)), _round_bf16(b.to(tl.float32)))
-        else:
-            return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    if _INTERPRETED and (PREC == "bf16" or PREC == "bf16x3"):
+        a_hi = _round_bf16(a.to(tl.float32))
+        b_hi = _round_bf16(b.to(tl.float32))
+        out = tl.dot(a_hi, b_hi, input_precision="ieee")
+        if PREC == "bf16x3":  # the split of the GPU: x = hi + lo, products hi*hi + hi*lo + lo*hi
+            out += tl.dot(a_hi, _round_bf16(b - b_hi), input_precision="ieee")
+            out += tl.dot(_round_bf16(a - a_hi), b_hi, input_precision="ieee")
+        return out
+    elif PREC == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
     else:
         return tl.dot(a, b, input_precision=PREC)
 

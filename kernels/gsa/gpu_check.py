@@ -18,6 +18,7 @@ Measured numbers and what limits the kernels: PERF_NOTES.md beside this file.
 import argparse
 import json
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -30,11 +31,14 @@ HEADS, DIM, SLOTS, TOKENS = 16, 64, 64, 65536
 # settings of `chunk` to compare against its defaults ("base")
 VARIANTS = {
     "base": {},
+    "slots_bf16x3": {"PREC_SLOTS": "bf16x3"},
+    "slots_bf16x3_values_bf16": {"PREC_SLOTS": "bf16x3", "PREC_VALUES": "bf16"},
     "values_bf16": {"PREC_VALUES": "bf16"},
-    "values_tf32x3": {"PREC_VALUES": "tf32x3"},
-    "slots_tf32": {"PREC_SLOTS": "tf32"},
     "warps4": {"WARPS": {"output": 4, "query": 4, "key": 4}},
+    "slots_tf32": {"PREC_SLOTS": "tf32"},
+    "values_tf32x3": {"PREC_VALUES": "tf32x3"},
 }
+VARIANT_SECONDS = 75  # no variant starts after this many seconds of the run (compiles dominate)
 
 
 def _inputs(batch, length, device="cuda"):
@@ -74,21 +78,28 @@ def _measure(fn, xs):
     return fwd, both, peak
 
 
-def _errors():
-    """Relative RMS error of the bf16 kernels against the fp32 PyTorch path (same bf16-rounded
-    inputs), T=8K, B=1, H=4: output and gradients of a random projection of it."""
+def _error_inputs():
+    """T=8K, B=1, H=4 bf16 inputs, the weights of a random projection of the output, and
+    the fp32 PyTorch path's output and gradients on them (the reference of `_errors`)."""
     torch.manual_seed(1)
     q, k, v = (torch.randn(1, 8192, 4, DIM, device="cuda").bfloat16() for _ in range(3))
     la = (F.logsigmoid(torch.randn(1, 8192, 4, SLOTS, device="cuda") * 2) / 4).bfloat16()
     w = torch.randn(1, 8192, 4, DIM, device="cuda")
-    results = []
-    for backend, dtype in (("triton", torch.bfloat16), ("torch", torch.float32)):
-        xs = [x.to(dtype).requires_grad_() for x in (q, k, v, la)]
-        o = gsa_attn(*xs, backend=backend)[0]
-        (o.float() * w).sum().backward()
-        results.append([o] + [x.grad for x in xs])
+    return (q, k, v, la), w, _outputs_and_grads("torch", torch.float32, (q, k, v, la), w)
+
+
+def _outputs_and_grads(backend, dtype, xs, w):
+    xs = [x.detach().to(dtype).clone().requires_grad_() for x in xs]
+    o = gsa_attn(*xs, backend=backend)[0]
+    (o.float() * w).sum().backward()
+    return [o] + [x.grad for x in xs]
+
+
+def _errors(xs, w, ref):
+    """Relative RMS error of the bf16 kernels against the fp32 PyTorch path (same inputs)."""
+    fast = _outputs_and_grads("triton", torch.bfloat16, xs, w)
     names = ["o", "dq", "dk", "dv", "dlog_alpha"]
-    return {n: ((a.double() - b.double()).norm() / b.double().norm()).item() for n, a, b in zip(names, *results)}
+    return {n: ((a.double() - b.double()).norm() / b.double().norm()).item() for n, a, b in zip(names, fast, ref)}
 
 
 def _set_variant(name):
@@ -139,9 +150,10 @@ def main():
     parser.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768,65536")
     parser.add_argument("--impls", default="gsa,fla_chunk_gsa,sdpa", help="any of gsa, fla_chunk_gsa, sdpa")
     parser.add_argument("--quick", action="store_true", help="skip the 128K run and the decode timing")
-    parser.add_argument("--variants", default="base",
+    parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"GSA settings to time and check for accuracy, any of {', '.join(VARIANTS)}")
     args = parser.parse_args()
+    start = time.time()
     known = {"gsa": _ours, "fla_chunk_gsa": _fla, "sdpa": _sdpa}
     impls = {name: known[name] for name in args.impls.split(",")}
     if "fla_chunk_gsa" in impls:
@@ -167,7 +179,7 @@ def main():
                 _breakdown(_fla, xs, f"fla_T{length}", args.out)
         del xs
     _table(rows, impls, lengths)
-    _compare_variants(args.variants.split(","), lengths, log)
+    _compare_variants(args.variants.split(","), lengths, log, start)
     if args.quick:
         return
     # one sequence of 128K
@@ -194,22 +206,27 @@ def main():
     print(f"gsa decode step, batch 8: {dec * 1000:.1f} us per token")
 
 
-def _compare_variants(names, lengths, log):
-    """fwd / fwd+bwd and the error against the fp32 path for each GSA variant."""
+def _compare_variants(names, lengths, log, start):
+    """fwd / fwd+bwd and the error against the fp32 path for each GSA variant, while the
+    run is younger than VARIANT_SECONDS."""
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    err_inputs = _error_inputs()
     for name in names:
+        if time.time() - start > VARIANT_SECONDS:
+            print(f"variant {name}: not run (the run is past {VARIANT_SECONDS} s)", flush=True)
+            continue
         _set_variant(name)
         cells = []
         for length in lengths:
             fwd, both, _ = _measure(_ours, _inputs(TOKENS // length, length))
             cells.append(f"T={length}: {fwd:.2f} / {both:.2f}")
             log.write(json.dumps(dict(impl=f"gsa:{name}", T=length, fwd_ms=fwd, fwdbwd_ms=both)) + "\n")
-        errors = _errors()
+        errors = _errors(*err_inputs)
         log.write(json.dumps(dict(impl=f"gsa:{name}", rel_rms_8k=errors)) + "\n")
         log.flush()
-        print(f"variant {name}: " + "  ".join(cells) + " ms\n  rel RMS at 8K: "
+        print(f"variant {name}: " + "  ".join(cells) + " ms\n  rel RMS at 8K vs fp32 torch path (limit 5e-3): "
               + " ".join(f"{n}={e:.1e}" for n, e in errors.items()), flush=True)
     _set_variant("base")
     print("kernels compiled (all variants):")
