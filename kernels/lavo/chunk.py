@@ -259,7 +259,8 @@ class _LavoChunkFn(torch.autograd.Function):
         )
 
 
-_Q_META = ("D", "BD", "RB", "NRB", "C", "WINDOW", "NKB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")  # the forward kernel
+# compile-time arguments of the forward kernel
+_Q_META = ("D", "BD", "RB", "NRB", "C", "WINDOW", "NKB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
 _DKV_META = ("D", "BD", "C", "WINDOW", "NQB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
 
 

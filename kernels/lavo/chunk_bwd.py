@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from .chunk_common import (
-    key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, store_rows, tuning_configs, window_logits,
+    key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, row_ptrs, store_rows, tuning_configs,
+    window_logits,
 )
 
 
@@ -46,20 +47,20 @@ def _bias_grad(DRHO, ds, h, NB, base, QB: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _write(PTR, offs, x, mask, ADD: tl.constexpr):
+def _write(ptrs, x, mask, ADD: tl.constexpr):
     """Store x, or add it atomically where several programs write the same place."""
     if ADD:
-        tl.atomic_add(PTR + offs, x, mask=mask, sem="relaxed")
+        tl.atomic_add(ptrs, x, mask=mask, sem="relaxed")
     else:
-        tl.store(PTR + offs, x, mask=mask)
+        tl.store(ptrs, x, mask=mask)
 
 
 @triton.jit
-def _write_rows(PTR, x, row0, pos, ok, h, H, D: tl.constexpr, BD: tl.constexpr, ADD: tl.constexpr):
-    """Rows `row0 + pos` of head `h` of a `[rows, H, D]` fp32 tensor: store or add x [len(pos), BD]."""
+def _write_rows(PTR, x, row0, first, ok, h, H, N: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, ADD: tl.constexpr):
+    """Rows `row0 + first ..` (N of them) of head `h` of a `[rows, H, D]` fp32 tensor:
+    store or add x [N, BD]."""
     dd = tl.arange(0, BD)
-    offs = ((row0 + pos).to(tl.int64) * H + h)[:, None] * D + dd[None, :]
-    _write(PTR, offs, x, ok[:, None] & (dd < D)[None, :], ADD)
+    _write(row_ptrs(PTR, row0, first, h, H, N, BD, D), x, ok[:, None] & (dd < D)[None, :], ADD)
 
 
 # tuned once per (padded head dim, chunk, dtypes), not per length
@@ -101,17 +102,18 @@ def lavo_mem_bwd_kernel(
             if QMASK:  # a padded query has no output, so no gradient flows from it
                 t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
             tt = tl.minimum(t, m - 1)
-            do = load_rows(DO, q_row0, t, t_ok, h, H, D, BD)
-            delta = tl.sum(do.to(tl.float32) * load_rows(O, q_row0, t, t_ok, h, H, D, BD).to(tl.float32), 1)  # [C]
+            do = load_rows(DO, q_row0, c * C, t_ok, h, H, C, D, BD)
+            o = load_rows(O, q_row0, c * C, t_ok, h, H, C, D, BD)
+            delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # [C]
             tl.store(DELTA + (q_row0 + t).to(tl.int64) * H + h, delta, mask=(t < n) & (rb == 0))
             lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
-            q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
+            q = load_rows(Q, q_row0, c * C, t_ok, h, H, C, D, BD)
             g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
             u = mem_dot(do, tl.trans(basis), DT, PREC)  # [C, RB]
             dg = tl.zeros([C, RB], tl.float32)
             for seg in range(SEG):
                 vbar, cnt = memory_mean(
-                    V, KVM, CNT, PRE, cid, seg, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK
+                    V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK
                 )
                 hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, RB]
                 e = (scale * hm * g + tl.load(MU + h * SEG + seg)) * 1.4426950408889634
@@ -124,11 +126,11 @@ def lavo_mem_bwd_kernel(
                 db_acc += mem_dot(tl.trans(dh), vbar, DT, PREC)
                 dvbar = mem_dot(dh, basis, DT, PREC)  # [C, BD], this block's part
                 wv = tl.where((cnt > 0)[:, None], dvbar / tl.maximum(cnt, 1.0)[:, None], 0.0)
-                _write(WSUM, ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), dd < D, ADD)
+                _write(WSUM + ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), dd < D, ADD)
                 if not NS:
                     # in-chunk reverse cumulative sum: dvl[j] = sum over t >= j of wv[t] (rows j = t)
-                    _write_rows(DVL, tl.cumsum(wv, 0, reverse=True), kv_row0, t, t < m, h, H, D, BD, ADD)
-            _write_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, t, t < n, h, H, D, BD, ADD)
+                    _write_rows(DVL, tl.cumsum(wv, 0, reverse=True), kv_row0, c * C, t < m, h, H, C, D, BD, ADD)
+            _write_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, c * C, t < n, h, H, C, D, BD, ADD)
             db_acc += mem_dot(tl.trans(dg), q, DT, PREC)
 
     db_offs = ((gid * H + h) * R + rr)[:, None].to(tl.int64) * D + dd[None, :]
@@ -151,8 +153,8 @@ def _dkv_tile(
     if QMASK:
         t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
     tt = tl.minimum(t, m - 1)
-    q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
-    do = load_rows(DO, q_row0, t, t_ok, h, H, D, BD)
+    q = load_rows(Q, q_row0, start, t_ok, h, H, QB, D, BD)
+    do = load_rows(DO, q_row0, start, t_ok, h, H, QB, D, BD)
     lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
     delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
     s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)  # [t, j]
@@ -163,8 +165,8 @@ def _dkv_tile(
     dk = tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
     dq = tl.dot(ds.to(kb.dtype), kb, input_precision=PREC) * scale  # [C, BD]
     dd = tl.arange(0, BD)
-    dq_offs = ((q_row0 + t).to(tl.int64) * H + h)[:, None] * D + dd[None, :]
-    tl.atomic_add(DQM + dq_offs, dq, mask=t_ok[:, None] & (dd < D)[None, :], sem="relaxed")
+    dq_ptrs = row_ptrs(DQM, q_row0, start, h, H, QB, BD, D)
+    tl.atomic_add(dq_ptrs, dq, mask=t_ok[:, None] & (dd < D)[None, :], sem="relaxed")
     if NS:
         _bias_grad(DRHO, ds, h, NB, start - c * C + HALF, QB, C)
     elif (start + QB - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
@@ -199,8 +201,8 @@ def lavo_dkv_kernel(
     dd = tl.arange(0, BD)
     j = c * C + tl.arange(0, C)
     j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
-    kb = load_rows(K, kv_row0, j, j_ok, h, H, D, BD)
-    vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD)
+    kb = load_rows(K, kv_row0, c * C, j_ok, h, H, C, D, BD)
+    vb = load_rows(V, kv_row0, c * C, j_ok, h, H, C, D, BD)
     dk = tl.zeros([C, BD], tl.float32)
     dv = tl.zeros([C, BD], tl.float32)
 
@@ -237,8 +239,8 @@ def lavo_dkv_kernel(
         suf_offs = ((kid * SEG + seg_of) * H + h).to(tl.int64)[:, None] * D + dd[None, :]
         dv += tl.load(SUF + suf_offs, mask=j_ok[:, None] & (dd < D)[None, :], other=0.0)
     if not NS:
-        dv += load_rows(DVL, kv_row0, j, j < m, h, H, D, BD)
+        dv += load_rows(DVL, kv_row0, c * C, j < m, h, H, C, D, BD)
     dk = tl.where(j_ok[:, None], dk * scale, 0.0)
     dv = tl.where(j_ok[:, None], dv, 0.0)
-    store_rows(DK, dk, kv_row0, j, j < m, h, H, D, BD)
-    store_rows(DV, dv, kv_row0, j, j < m, h, H, D, BD)
+    store_rows(DK, dk, kv_row0, c * C, j < m, h, H, C, D, BD)
+    store_rows(DV, dv, kv_row0, c * C, j < m, h, H, C, D, BD)

@@ -28,7 +28,7 @@ def chunk_value_sums_kernel(
     q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
     j = c * C + tl.arange(0, C)
     j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
-    vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD).to(tl.float32)
+    vb = load_rows(V, kv_row0, c * C, j_ok, h, H, C, D, BD).to(tl.float32)
     dd = tl.arange(0, BD)
     if SEG == 1:
         tl.store(SUMS + (cid * H + h).to(tl.int64) * D + dd, tl.sum(vb, 0), mask=dd < D)
@@ -55,7 +55,7 @@ def lavo_fwd_kernel(
     t = c * C + tl.arange(0, C)
     t_ok = t < n
     tt = tl.minimum(t, m - 1)
-    q = load_rows(Q, q_row0, t, t_ok, h, H, D, BD)
+    q = load_rows(Q, q_row0, c * C, t_ok, h, H, C, D, BD)
 
     # memory: r slots h_i b_i per segment, logits scale * h_i (B q)_i + mu_segment, in
     # NRB blocks of RB basis rows (one online softmax across blocks and segments)
@@ -64,7 +64,9 @@ def lavo_fwd_kernel(
     l_i = tl.zeros([C], tl.float32)
     acc = tl.zeros([C, BD], tl.float32)
     for seg in range(SEG):  # memory logits are finite, so m_i is finite from here on
-        vbar, cnt = memory_mean(V, KVM, CNT, PRE, cid, seg, h, H, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK)
+        vbar, cnt = memory_mean(
+            V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK
+        )
         mu = tl.load(MU + h * SEG + seg)
         for rb in range(NRB):
             basis, rr = load_basis(BAS, h, rb * RB, R, D, RB, BD)  # [RB, BD]
@@ -89,8 +91,8 @@ def lavo_fwd_kernel(
         start = lo - lo % C + b * C
         j = start + tl.arange(0, C)
         j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
-        kb = load_rows(K, kv_row0, j, j_ok, h, H, D, BD)
-        vb = load_rows(V, kv_row0, j, j_ok, h, H, D, BD)
+        kb = load_rows(K, kv_row0, start, j_ok, h, H, C, D, BD)
+        vb = load_rows(V, kv_row0, start, j_ok, h, H, C, D, BD)
         s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -102,5 +104,5 @@ def lavo_fwd_kernel(
     o = acc / l_i[:, None]
     if QMASK:  # self-attention with padding: a padded query outputs 0
         o = tl.where(key_valid(KVM, kv_row0, t, m, True)[:, None], o, 0.0)
-    store_rows(O, o, q_row0, t, t_ok, h, H, D, BD)
+    store_rows(O, o, q_row0, c * C, t_ok, h, H, C, D, BD)
     tl.store(LSE + (q_row0 + t).to(tl.int64) * H + h, m_i + tl.log2(l_i), mask=t_ok)
