@@ -13,7 +13,7 @@
 import pytest
 import torch
 
-from lavo_tasks.kernels.lavo.chunk import chunk_lavo_attn
+from lavo_tasks.kernels.lavo.chunk import chunk_lavo_attn, lavo_chunked
 from lavo_tasks.kernels.lavo.chunk_bwd import lavo_dkv_kernel, lavo_mem_bwd_kernel
 from lavo_tasks.kernels.lavo.chunk_fwd import lavo_fwd_kernel
 from lavo_tasks.kernels.lavo.torch_path import torch_lavo_attn
@@ -39,10 +39,10 @@ def outputs_and_grads(run, inputs, ref_dtype, grad_out, **options):
     return [out] + [x.grad for x in leaves]
 
 
-def compare(inputs, *, ref_dtype, metric, tol, **options):
+def compare(inputs, *, ref_dtype, metric, tol, run=chunk_lavo_attn, **options):
     options = {"segments": 1, "scale": None, "kv_mask": None, "cu_seqlens": None, **options}
     grad_out = torch.randn(inputs[0].shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7))
-    got = outputs_and_grads(chunk_lavo_attn, inputs, None, grad_out, **options)
+    got = outputs_and_grads(run, inputs, None, grad_out, **options)
     want = outputs_and_grads(torch_lavo_attn, inputs, ref_dtype, grad_out, **options)
     errors = {}
     for name, a, b in zip(("output",) + tuple(f"d{x}" for x in GRAD_NAMES), got, want):
@@ -114,6 +114,14 @@ def test_bf16_matches_fp32_torch_path(batch, n):
 def test_bf16_noncausal_self_and_odd_head_dim():
     inputs = make_inputs(2, 3000, 3000, 4, 96, 80, 256, False, torch.bfloat16, seed=3)
     compare(inputs, ref_dtype=torch.float32, metric=rms_rel, tol=5e-3, window=256, causal=False, cross=False)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_bf16_chunks_of_32(causal):
+    # the chunk size gpu_profile compares with the default 64 (5 key blocks per window)
+    inputs = make_inputs(2, 1000, 1000, 4, 64, 64, 128, causal, torch.bfloat16, seed=32)
+    run = lambda *args, **options: lavo_chunked(*args, chunk=32, **options)  # noqa: E731
+    compare(inputs, ref_dtype=torch.float32, metric=rms_rel, tol=5e-3, run=run, window=128, causal=causal, cross=False)
 
 
 @pytest.mark.parametrize("causal", [True, False])
