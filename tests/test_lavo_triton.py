@@ -85,7 +85,7 @@ def test_causal_self_padding_many_groups():
     check_against_reference(small_chunks, inputs, **options(20, kv_mask=mask))
 
 
-@pytest.mark.parametrize("split", sorted({meta["SPLIT"] for _, _, meta in DKV_CANDIDATES}))
+@pytest.mark.parametrize("split", sorted({meta["SPLIT"] for *_, meta in DKV_CANDIDATES}))
 @pytest.mark.parametrize("pattern", ["CS", "CC"])
 def test_every_dkv_query_split(monkeypatch, split, pattern):
     # the interpreter runs only the first autotuning candidate; the others split the

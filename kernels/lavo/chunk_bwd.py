@@ -64,7 +64,7 @@ def _write_rows(PTR, x, row0, first, ok, h, H, N: tl.constexpr, D: tl.constexpr,
 
 
 # tuned once per (padded head dim, chunk, dtypes), not per length
-@triton.autotune(tuning_configs([(4, 2, {}), (8, 2, {})]), key=["BD", "C"])
+@triton.autotune(tuning_configs([(4, 2, None, {}), (8, 2, None, {})]), key=["BD", "C"])
 @triton.jit
 def lavo_mem_bwd_kernel(
     Q, V, O, DO, LSE, BAS, MU, PRE, CNT, KVM, CHUNKS,
@@ -176,8 +176,10 @@ def _dkv_tile(
     return dk, dv
 
 
-# (warps, stages, SPLIT = query tiles per block of C queries)
-DKV_CANDIDATES = [(4, 2, {"SPLIT": 2}), (4, 2, {"SPLIT": 1}), (8, 2, {"SPLIT": 2}), (8, 2, {"SPLIT": 1})]
+# (warps, stages, maxnreg, SPLIT = query tiles per block of C queries)
+DKV_CANDIDATES = [
+    (4, 2, None, {"SPLIT": 2}), (4, 2, 168, {"SPLIT": 2}), (8, 2, None, {"SPLIT": 2}), (8, 2, None, {"SPLIT": 1}),
+]
 
 
 # DQM and DRHO are accumulated into, so the autotuner restores them after each trial

@@ -19,9 +19,14 @@ from triton import knobs
 
 
 def tuning_configs(candidates):
-    """Autotuning candidates `(num_warps, num_stages, meta-parameters)` as Triton
-    configs. The interpreter cannot time kernels, so under it only the first one runs."""
-    configs = [triton.Config(meta, num_warps=warps, num_stages=stages) for warps, stages, meta in candidates]
+    """Autotuning candidates `(num_warps, num_stages, maxnreg, meta-parameters)` as Triton
+    configs. maxnreg (None: ptxas's choice, up to 255) caps the registers per thread so
+    that more programs share an SM, at the price of spills. The interpreter cannot time
+    kernels, so under it only the first candidate runs."""
+    configs = [
+        triton.Config(meta, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
+        for warps, stages, maxnreg, meta in candidates
+    ]
     return configs[:1] if knobs.runtime.interpret else configs
 
 

@@ -40,7 +40,7 @@ def chunk_value_sums_kernel(
 
 
 # tuned once per (padded head dim, chunk, dtypes), not per length
-@triton.autotune(tuning_configs([(4, 3, {}), (8, 3, {})]), key=["BD", "C"])
+@triton.autotune(tuning_configs([(4, 3, None, {}), (4, 3, 168, {}), (8, 3, None, {})]), key=["BD", "C"])
 @triton.jit
 def lavo_fwd_kernel(
     Q, K, V, BAS, RHO, MU, PRE, CNT, KVM, O, LSE, CHUNKS,
