@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from .chunk_common import (
-    key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, row_ptrs, store_rows, tuning_configs,
-    window_logits,
+    TUNING, key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, row_ptrs, store_rows,
+    tuning_configs, window_logits,
 )
 
 
@@ -64,7 +64,7 @@ def _write_rows(PTR, x, row0, first, ok, h, H, N: tl.constexpr, D: tl.constexpr,
 
 
 # tuned once per (padded head dim, chunk, dtypes), not per length
-@triton.autotune(tuning_configs([(4, 2, None, {}), (8, 2, None, {})]), key=["BD", "C"])
+@triton.autotune(tuning_configs([(4, 2, None, {}), (8, 2, None, {})]), **TUNING)
 @triton.jit
 def lavo_mem_bwd_kernel(
     Q, V, O, DO, LSE, BAS, MU, PRE, CNT, KVM, CHUNKS,
@@ -183,7 +183,7 @@ DKV_CANDIDATES = [
 
 
 # DQM and DRHO are accumulated into, so the autotuner restores them after each trial
-@triton.autotune(tuning_configs(DKV_CANDIDATES), key=["BD", "C"], restore_value=["DQM", "DRHO"])
+@triton.autotune(tuning_configs(DKV_CANDIDATES), restore_value=["DQM", "DRHO"], **TUNING)
 @triton.jit
 def lavo_dkv_kernel(
     Q, K, V, DO, LSE, DELTA, RHO, KVM, SEGID, CHUNKS, DVL, SUF, DQM, DRHO, DK, DV,

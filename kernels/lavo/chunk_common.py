@@ -30,6 +30,15 @@ def tuning_configs(candidates):
     return configs[:1] if knobs.runtime.interpret else configs
 
 
+def tuning_prune(configs, named_args, **kwargs):
+    """fp32 inputs (ieee products) are the exact path, not a speed path: their first
+    candidate runs untimed, which saves the compiles of the others."""
+    return configs[:1] if kwargs["PREC"] == "ieee" else configs
+
+
+TUNING = dict(key=["BD", "C"], prune_configs_by={"early_config_prune": tuning_prune})  # once per shape family
+
+
 @triton.jit
 def load_chunk(CHUNKS, cid):
     """Chunk-table row `cid` -> (q_row0, n, kv_row0, m, c).
