@@ -20,12 +20,13 @@ import math
 import torch
 import triton
 
-from .chunk_bwd import lavo_dkv_kernel, lavo_mem_bwd_kernel
+from .chunk_bwd import lavo_delta_kernel, lavo_dkv_kernel, lavo_mem_bwd_kernel
 from .chunk_fwd import chunk_value_sums_kernel, lavo_fwd_kernel
 
 CHUNK = 64  # positions per chunk: query block = key block = memory chunk
 WIDE_CHUNK = 32  # the chunk for head dims over 128, so that [chunk, dim] tiles fit in registers
 DQ_GROUP = 8  # query chunks per program of the memory backward (one dB partial sum each)
+DELTA_TILE = 4096  # elements of o per program of the Delta kernel
 RANK_BLOCK = 64  # basis rows per step of the memory loops
 MAX_HEAD_DIM = 256
 
@@ -224,14 +225,18 @@ class _LavoChunkFn(torch.autograd.Function):
         nrb = meta["NRB"]
         summed = torch.zeros if nrb > 1 else torch.empty  # rank blocks add into these
         dq_mem = summed(qf.shape, **f32)
-        delta = torch.empty_like(lse)
+        delta = torch.empty_like(lse)  # [rows, H]
+        block = DELTA_TILE // meta["BD"]  # (row, head) pairs per program
+        lavo_delta_kernel[(triton.cdiv(delta.numel(), block),)](
+            o, dof, delta, delta.numel(), D=d, BD=meta["BD"], BLOCK=block
+        )
         db_part = torch.empty(groups, heads, rank, d, **f32)
         dmu_part = torch.empty(groups, nrb, heads, segments, **f32)
         dvl = (torch.zeros if m > n else summed)(vf.shape, **f32)
         wsum = summed(nq, segments, heads, d, **f32)
         common = _pick(meta, ("D", "BD", "RB", "NRB", "C", "NS", "HAS_MASK", "QMASK", "PREC"))
         lavo_mem_bwd_kernel[(groups, heads, nrb)](
-            qf, vf, o, dof, lse, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, delta, db_part, dmu_part, dvl, wsum,
+            qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, db_part, dmu_part, dvl, wsum,
             heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),
             **common,
         )

@@ -10,8 +10,10 @@ Per query t (log-sum-exp `lse` saved by the forward, Delta_t = dO_t . o_t):
   dv_j += sum over queries t whose set holds j of dvbar_t / count_t, a reverse
   cumulative sum (causal) or one sum per segment (noncausal).
 
-Two kernels, in this order: `lavo_mem_bwd_kernel` (the memory, query side: Delta, the
-memory's dq into the fp32 buffer DQM, dB, dmu) and `lavo_dkv_kernel` (per key chunk, the
+Three kernels, in this order: `lavo_delta_kernel` (Delta, as FlashAttention's
+preprocessing step, which keeps o out of the memory kernel's registers),
+`lavo_mem_bwd_kernel` (the memory, query side: the memory's dq into the fp32 buffer
+DQM, dB, dmu) and `lavo_dkv_kernel` (per key chunk, the
 window's dk and dv, and, FlashAttention-2 style, the window's dq and drho added into
 DQM and DRHO with fp32 atomics, so no kernel recomputes the scores for dq; plus the
 memory's reverse cumulative sum: its in-chunk part DVL and the per-key-chunk suffix sums
@@ -47,6 +49,19 @@ def _bias_grad(DRHO, ds, h, NB, base, QB: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
+def lavo_delta_kernel(O, DO, DELTA, n_rows, D: tl.constexpr, BD: tl.constexpr, BLOCK: tl.constexpr):
+    """DELTA[r] = dO_r . o_r in fp32, for the rows r of o, dO flattened to [rows * H, D]
+    (a padded query has o = 0, so its Delta is 0)."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    dd = tl.arange(0, BD)
+    offs = r.to(tl.int64)[:, None] * D + dd[None, :]
+    mask = (r < n_rows)[:, None] & (dd < D)[None, :]
+    do = tl.load(DO + offs, mask=mask, other=0.0).to(tl.float32)
+    o = tl.load(O + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(DELTA + r, tl.sum(do * o, 1), mask=r < n_rows)
+
+
+@triton.jit
 def _write(ptrs, x, mask, ADD: tl.constexpr):
     """Store x, or add it atomically where several programs write the same place."""
     if ADD:
@@ -67,15 +82,15 @@ def _write_rows(PTR, x, row0, first, ok, h, H, N: tl.constexpr, D: tl.constexpr,
 @triton.autotune(tuning_configs([(4, 2, None, {}), (8, 2, None, {})]), **TUNING)
 @triton.jit
 def lavo_mem_bwd_kernel(
-    Q, V, O, DO, LSE, BAS, MU, PRE, CNT, KVM, CHUNKS,
-    DQM, DELTA, DB_PART, DMU_PART, DVL, WSUM,
+    Q, V, DO, LSE, DELTA, BAS, MU, PRE, CNT, KVM, CHUNKS,
+    DQM, DB_PART, DMU_PART, DVL, WSUM,
     H, n_chunks, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
     GROUP: tl.constexpr, SEG: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr,
     QMASK: tl.constexpr, PREC: tl.constexpr,
 ):
     """The memory's backward, one program per GROUP query chunks, head and block of RB
-    basis rows: Delta, the memory part of dq (fp32, DQM), the group's dB rows and dmu
+    basis rows: the memory part of dq (fp32, DQM), the group's dB rows and dmu
     partial sums (dmu per segment, BS >= SEG slots), and the parts of the reverse
     cumulative sum (DVL per key row in the chunk, causal; WSUM per chunk and segment).
 
@@ -103,9 +118,7 @@ def lavo_mem_bwd_kernel(
                 t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
             tt = tl.minimum(t, m - 1)
             do = load_rows(DO, q_row0, c * C, t_ok, h, H, C, D, BD)
-            o = load_rows(O, q_row0, c * C, t_ok, h, H, C, D, BD)
-            delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # [C]
-            tl.store(DELTA + (q_row0 + t).to(tl.int64) * H + h, delta, mask=(t < n) & (rb == 0))
+            delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
             lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
             q = load_rows(Q, q_row0, c * C, t_ok, h, H, C, D, BD)
             g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
