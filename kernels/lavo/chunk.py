@@ -179,7 +179,8 @@ class _LavoChunkFn(torch.autograd.Function):
         else:
             layout = _Layout(batch, n, m, cu_seqlens, chunk, noncausal, q.device)
         qf, kf, vf = (x.contiguous().view(-1, heads, d) for x in (q, k, v))  # [rows, H, d]
-        bas = basis.detach().float().contiguous()
+        # the memory products take the basis in the inputs' dtype (fp32 accumulation)
+        bas = basis.detach().to(q.dtype).contiguous()
         # NC has no window and may come without rel_bias: a placeholder the kernels never read
         rho = (rel_bias.detach() if rel_bias is not None else q.new_zeros(heads, 1)).float().contiguous()
         mu = mem_bias.detach().float().reshape(heads, -1).expand(heads, segments).contiguous()  # [H, S]

@@ -105,7 +105,6 @@ def lavo_mem_bwd_kernel(
     dd = tl.arange(0, BD)
     segs = tl.arange(0, BS)
     basis, rr = load_basis(BAS, h, rb * RB, R, D, RB, BD)  # [RB, BD]
-    basis = basis.to(DT)
     db_acc = tl.zeros([RB, BD], tl.float32)
     dmu_acc = tl.zeros([BS], tl.float32)
     for i in range(GROUP):

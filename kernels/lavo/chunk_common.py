@@ -89,8 +89,8 @@ def key_valid(KVM, kv_row0, j, m, HAS_MASK: tl.constexpr):
 
 @triton.jit
 def load_basis(BAS, h, r0, R: tl.constexpr, D: tl.constexpr, RB: tl.constexpr, BD: tl.constexpr):
-    """Rows r0 .. r0+RB-1 of the head's basis B [R, D] in fp32, zero-padded -> [RB, BD],
-    and those rows' indices [RB]."""
+    """Rows r0 .. r0+RB-1 of the head's basis B [R, D] (stored in the inputs' dtype),
+    zero-padded -> [RB, BD], and those rows' indices [RB]."""
     rr = r0 + tl.arange(0, RB)
     dd = tl.arange(0, BD)
     offs = h * R * D + rr[:, None] * D + dd[None, :]

@@ -71,7 +71,6 @@ def lavo_fwd_kernel(
         mu = tl.load(MU + h * SEG + seg)
         for rb in range(NRB):
             basis, rr = load_basis(BAS, h, rb * RB, R, D, RB, BD)  # [RB, BD]
-            basis = basis.to(DT)
             g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
             hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, RB]
             e = (scale * hm * g + mu) * 1.4426950408889634
