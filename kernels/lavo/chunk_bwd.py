@@ -78,8 +78,9 @@ def _write_rows(PTR, x, row0, first, ok, h, H, N: tl.constexpr, D: tl.constexpr,
     _write(row_ptrs(PTR, row0, first, h, H, N, BD, D), x, ok[:, None] & (dd < D)[None, :], ADD)
 
 
-# tuned once per (padded head dim, chunk, dtypes), not per length
-@triton.autotune(tuning_configs([(4, 2, None, {}), (8, 2, None, {})]), **TUNING)
+# with several rank blocks DQM, DVL and WSUM are added into: each trial starts from zeros
+# (as the caller leaves them), and so does the run after the tuning
+@triton.autotune(tuning_configs([(4, 2, None, {}), (8, 2, None, {})]), reset_to_zero=["DQM", "DVL", "WSUM"], **TUNING)
 @triton.jit
 def lavo_mem_bwd_kernel(
     Q, V, DO, LSE, DELTA, BAS, MU, PRE, CNT, KVM, CHUNKS,
@@ -194,8 +195,9 @@ DKV_CANDIDATES = [
 ]
 
 
-# DQM and DRHO are accumulated into, so the autotuner restores them after each trial
-@triton.autotune(tuning_configs(DKV_CANDIDATES), restore_value=["DQM", "DRHO"], **TUNING)
+# DQM (holding the memory's dq) and DRHO (zeros) are added into: the autotuner restores
+# DQM and zeroes DRHO around each trial
+@triton.autotune(tuning_configs(DKV_CANDIDATES), restore_value=["DQM"], reset_to_zero=["DRHO"], **TUNING)
 @triton.jit
 def lavo_dkv_kernel(
     Q, K, V, DO, LSE, DELTA, RHO, KVM, SEGID, CHUNKS, DVL, SUF, DQM, DRHO, DK, DV,
