@@ -80,8 +80,9 @@ def test_varlen_bf16():
     _compare(xs, states, cu_seqlens=cu)
 
 
-@pytest.mark.parametrize("dk,dv,slots", [(100, 72, 80), (128, 128, 128)])
+@pytest.mark.parametrize("dk,dv,slots", [(100, 72, 80), (256, 200, 256)])
 def test_odd_and_large_sizes(dk, dv, slots):
+    """Padded sizes and the largest (head dims in column blocks, 256 slots)."""
     xs = _inputs(1, 600, 600, 2, dk, dv, slots, seed=7)
     _compare(xs)
 

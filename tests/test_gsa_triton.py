@@ -161,9 +161,20 @@ def test_decode_steps_match_reference():
         torch.testing.assert_close(s.double(), r, rtol=0, atol=TOL * r.abs().max().item())
 
 
+@pytest.mark.parametrize("span", [0.0, chunk.SPAN])
+def test_head_dims_and_slots_up_to_256(monkeypatch, span):
+    """Head dims over one column block (64; 32 with more than 128 slots) and 256 slots:
+    products by blocks, both diagonal paths; two chunks, states in and out."""
+    monkeypatch.setattr(chunk, "SPAN", span)
+    xs = _inputs(1, 70, 70, dk=256, dv=130, slots=256, seed=15)
+    _assert_matches_reference(xs, _states(1, 1, 256, 130, 256))
+    xs = _inputs(1, 20, 20, dk=100, dv=256, slots=70, seed=16)
+    _assert_matches_reference(xs, _states(1, 1, 100, 256, 70))
+
+
 def test_uncovered_cases_raise_not_implemented():
-    xs = _inputs(1, 4, 4, dk=130)
-    with pytest.raises(NotImplementedError, match="dk=130"):
+    xs = _inputs(1, 4, 4, dk=257)
+    with pytest.raises(NotImplementedError, match="dk=257"):
         chunk_gsa_attn(*xs)
     with pytest.raises(NotImplementedError, match="float64"):
         chunk_gsa_attn(*(x.double() for x in _inputs(1, 4, 4)))

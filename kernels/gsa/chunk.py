@@ -38,7 +38,10 @@ GATE_SLOTS = 16  # slots per program of the log-gate gradient's reverse cumulati
 # (factors up to exp(SPAN)) unless some slot's gates decay by more than exp(-SPAN) across
 # the sub-chunk; then the kernels take exp(b_t - b_j) one row at a time (exact, slower).
 SPAN = 30.0
-MAX_DIM = 128  # above this the per-sub-chunk kernels need more shared memory than an H200 has
+MAX_DIM = 256  # head dims and slot counts the kernels take
+# head-dim columns per block of the per-sub-chunk kernels' products (half that with more
+# than 128 slots, whose [slots, block] state tiles then stay within shared memory)
+COL_BLOCK = 64
 # Triton's interpreter (numpy 2) cannot run `for` loops with run-time bounds; the
 # sequential scans then use `while` loops, which the compiler does not software-pipeline.
 WHILE_LOOPS = os.environ.get("TRITON_INTERPRET") == "1"
@@ -93,8 +96,11 @@ class _Config:
     def __init__(self, dk, dv, slots, dtype):
         self.BK, self.BV, self.BM = _block(dk), _block(dv), _block(slots)
         self.BDK, self.BDV = min(self.BK, BD_STATE), min(self.BV, BD_STATE)
+        cols = COL_BLOCK if self.BM <= 128 else COL_BLOCK // 2
+        self.DBK, self.DBV = min(self.BK, cols), min(self.BV, cols)
         wide = self.BM * max(self.BK, self.BV) > 64 * 64
         self.warps = {name: 8 if wide else w for name, w in WARPS.items()}
+        self.blocks = dict(BK=self.BK, BV=self.BV, DBK=self.DBK, DBV=self.DBV)
         exact = dtype == torch.float32
         self.prec = dict(PREC_S="ieee" if exact else PREC_SLOTS, PREC_V="ieee" if exact else PREC_VALUES)
 
@@ -128,7 +134,7 @@ class _CausalGSA(torch.autograd.Function):
         z = torch.empty_like(g)  # slot logits, kept for the backward
         K._output_fwd_kernel[(n_sub, heads)](
             q, k, v, g, b, sk, sv, o, z, sub, scale, heads, slots, dk, dv,
-            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
+            BT=BT, BC=BC, BM=cfg.BM, SPAN=SPAN, **cfg.blocks, **cfg.prec,
             num_warps=cfg.warps["output"])
         ctx.save_for_backward(q, k, v, g, b, z, gsum, sk, sv, hk, hv)
         ctx.scale, ctx.lengths, ctx.has_h0, ctx.cfg = scale, lengths, has_h0, cfg
@@ -150,7 +156,7 @@ class _CausalGSA(torch.autograd.Function):
         dq = torch.empty_like(q)
         K._query_bwd_kernel[(n_sub, heads)](
             k, v, g, b, sk, sv, z, do, sub, p, dz, dq, dgate, scale, heads, slots, dk, dv,
-            BT=BT, BC=BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
+            BT=BT, BC=BC, BM=cfg.BM, SPAN=SPAN, **cfg.blocks, **cfg.prec,
             num_warps=cfg.warps["query"])
 
         has_dht = ctx.output_final_state and (dhk is not None or dhv is not None)
@@ -170,11 +176,11 @@ class _CausalGSA(torch.autograd.Function):
 
         dk_, dv_, dg = torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
         ds = torch.empty(2, *g.shape, **f32)  # the K~ and V~ shares of the write weights' gradient
-        for w, x, y, dn, dy, share, d, bd, sc in ((dz, q, k, dnk, dk_, ds[0], dk, cfg.BK, scale),
-                                                  (p, do, v, dnv, dv_, ds[1], dv, cfg.BV, 1.0)):
+        for w, x, y, dn, dy, share, d, bd, db, sc in ((dz, q, k, dnk, dk_, ds[0], dk, cfg.BK, cfg.DBK, scale),
+                                                      (p, do, v, dnv, dv_, ds[1], dv, cfg.BV, cfg.DBV, 1.0)):
             K._key_bwd_kernel[(n_sub, heads)](
                 w, x, y, dn, g, b, sub, dy, share, sc, heads, slots, d,
-                BT=BT, BC=BC, BM=cfg.BM, BD=bd, SPAN=SPAN, **cfg.prec, num_warps=cfg.warps["key"])
+                BT=BT, BC=BC, BM=cfg.BM, BD=bd, DB=db, SPAN=SPAN, **cfg.prec, num_warps=cfg.warps["key"])
         # the final state is a read at each sequence's last row: its share of the gate grad
         if has_dht:
             carry = (dhk * hk).sum(-1) + (dhv * hv).sum(-1)
@@ -230,7 +236,7 @@ def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, 
     """`gsa_attn` on the Triton kernels (same arguments minus `backend`, validated there).
 
     Raises NotImplementedError for what these kernels do not cover: float64 inputs,
-    head dims or slot counts above 128 (the dispatcher then falls back to PyTorch).
+    head dims or slot counts above 256 (the dispatcher then falls back to PyTorch).
     """
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise NotImplementedError(f"chunk_gsa_attn: dtype {q.dtype}; the Triton kernels take fp16, bf16, fp32")

@@ -204,11 +204,22 @@ def _state_scan_kernel(
 
 
 @triton.jit
-def _load_rows(ptr, rows, m_t, i_h, H, D, BD: tl.constexpr):
-    """Rows `rows` of head i_h of a [N, H, D] tensor -> [len(rows), BD] fp32 (0 where not m_t)."""
-    o_d = tl.arange(0, BD)
+def _load_cols(ptr, rows, m_t, i_h, H, D, d0, DB: tl.constexpr):
+    """Columns [d0, d0+DB) of rows `rows` of head i_h of a [N, H, D] tensor ->
+    [len(rows), DB] fp32 (0 where not m_t or past D)."""
+    o_d = d0 + tl.arange(0, DB)
     return tl.load(ptr + (rows[:, None] * H + i_h) * D + o_d[None, :],
                    mask=m_t[:, None] & (o_d < D)[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_state(s_ptr, i_c, i_h, H, M, D, d0, BM: tl.constexpr, DB: tl.constexpr):
+    """Columns [d0, d0+DB) of the fp32 [M, D] state (or state gradient) kept for chunk i_c,
+    head i_h -> [BM, DB]."""
+    o_m = tl.arange(0, BM)
+    o_d = d0 + tl.arange(0, DB)
+    return tl.load(s_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * D + o_d[None, :],
+                   mask=(o_m < M)[:, None] & (o_d < D)[None, :], other=0.0)
 
 
 @triton.jit
@@ -218,105 +229,137 @@ def _diagonal_span(b_i, b_r):
 
 
 @triton.jit
-def _read_slots(x_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT: tl.constexpr,
-                BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
+def _row_dots(x_ptr, rows_x, m_x, y_ptr, rows_y, m_y, i_h, H, D, BD: tl.constexpr, DB: tl.constexpr,
+              PREC: tl.constexpr):
+    """[len(rows_x), len(rows_y)] matrix of the dot products x_t . y_j over the head dim,
+    accumulated over column blocks of DB (blocks are loaded again, not kept)."""
+    a = _dot(_load_cols(x_ptr, rows_x, m_x, i_h, H, D, 0, DB),
+             tl.trans(_load_cols(y_ptr, rows_y, m_y, i_h, H, D, 0, DB)), PREC)
+    for kb in tl.static_range(1, BD // DB):
+        a += _dot(_load_cols(x_ptr, rows_x, m_x, i_h, H, D, kb * DB, DB),
+                  tl.trans(_load_cols(y_ptr, rows_y, m_y, i_h, H, D, kb * DB, DB)), PREC)
+    return a
+
+
+@triton.jit
+def _row_state_dots(x_ptr, rows, m_t, s_ptr, i_c, i_h, H, M, D, BM: tl.constexpr, BD: tl.constexpr,
+                    DB: tl.constexpr, PREC: tl.constexpr):
+    """[len(rows), BM] = x_rows S^T for the state S [M, D] of chunk i_c, over column blocks."""
+    out = _dot(_load_cols(x_ptr, rows, m_t, i_h, H, D, 0, DB),
+               tl.trans(_load_state(s_ptr, i_c, i_h, H, M, D, 0, BM, DB)), PREC)
+    for kb in tl.static_range(1, BD // DB):
+        out += _dot(_load_cols(x_ptr, rows, m_t, i_h, H, D, kb * DB, DB),
+                    tl.trans(_load_state(s_ptr, i_c, i_h, H, M, D, kb * DB, BM, DB)), PREC)
+    return out
+
+
+@triton.jit
+def _read_slots(x_ptr, y_ptr, s_ptr, g_ptr, b_ptr, b_i, r, c0, i_c, eos, i_h, H, M, D, BT: tl.constexpr,
+                BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr, PREC: tl.constexpr,
                 SPAN: tl.constexpr):
     """Slot-side read of one sub-chunk (rows r..r+BC): [BC, BM] with entry (t, m) =
     exp(b_t) (s0 x_t)_m + sum_{c0 <= j <= t} s_j,m exp(b_t,m - b_j,m) (x_t . y_j).
 
     (x, y, s0) = (q, k, K~0) gives the slot logits before scaling, (do, v, V~0) the
-    gradient of the probabilities. x_i [BC, BD]; s0 [BM, BD]; b_i [BC, BM].
+    gradient of the probabilities; s0 is chunk i_c's start state in s_ptr. b_i [BC, BM].
+    Products over the head dim go by column blocks of DB.
     Pairs inside the sub-chunk use the reference row r too (one matrix product) when the
     gates decay by less than exp(-SPAN) across it, else one key row at a time.
     """
     o_c = tl.arange(0, BC)
     o_m = tl.arange(0, BM)
     m_m = o_m < M
-    out = _dot(x_i, tl.trans(s0), PREC) * tl.exp(b_i)
+    rows = r + o_c
+    m_t = rows < eos
+    out = _row_state_dots(x_ptr, rows, m_t, s_ptr, i_c, i_h, H, M, D, BM, BD, DB, PREC) * tl.exp(b_i)
     b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m, other=0.0)
     acc = tl.zeros([BC, BM], dtype=tl.float32)
     for jj in tl.static_range(BT // BC - 1):  # earlier sub-chunks of the chunk (all rows valid)
         j0 = c0 + jj * BC
         if j0 < r:
             rows_j = j0 + o_c
-            y_j = _load_rows(y_ptr, rows_j, rows_j < eos, i_h, H, D, BD)
             p_jm = (rows_j[:, None] * H + i_h) * M + o_m[None, :]
             g_j = tl.load(g_ptr + p_jm, mask=m_m[None, :], other=0.0)
             b_j = tl.load(b_ptr + p_jm, mask=m_m[None, :], other=0.0)
-            a = _dot(x_i, tl.trans(y_j), PREC)  # [BC, BC]
+            a = _row_dots(x_ptr, rows, m_t, y_ptr, rows_j, rows_j < eos, i_h, H, D, BD, DB, PREC)  # [BC, BC]
             w = (1.0 - tl.exp(g_j)) * tl.exp(b_r[None, :] - b_j)
             acc += _dot(a, w, PREC)
-    rows = r + o_c
-    m_t = rows < eos
     if _diagonal_span(b_i, b_r) > -SPAN:  # the sub-chunk itself, as one product (rows past the end: s = 0)
-        y_s = _load_rows(y_ptr, rows, m_t, i_h, H, D, BD)
         g_s = tl.load(g_ptr + (rows[:, None] * H + i_h) * M + o_m[None, :], mask=m_t[:, None] & m_m[None, :],
                       other=0.0)
-        a = tl.where(o_c[:, None] >= o_c[None, :], _dot(x_i, tl.trans(y_s), PREC), 0.0)
+        a = tl.where(o_c[:, None] >= o_c[None, :],
+                     _row_dots(x_ptr, rows, m_t, y_ptr, rows, m_t, i_h, H, D, BD, DB, PREC), 0.0)
         acc += _dot(a, (1.0 - tl.exp(g_s)) * tl.exp(b_r[None, :] - b_i), PREC)
         out += acc * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))  # rows past the end: b_i = 0
     else:
         out += acc * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))
-        o_d = tl.arange(0, BD)
-        for kk in range(0, BC):  # one key row at a time, exp(b_t - b_j) directly
-            t = r + kk
-            y_t = tl.load(y_ptr + (t * H + i_h) * D + o_d, mask=(o_d < D) & (t < eos), other=0.0).to(tl.float32)
-            g_t = tl.load(g_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
-            b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
-            a = tl.sum(x_i * y_t[None, :], 1)  # [BC]
-            decay = tl.exp(tl.minimum(b_i - b_t[None, :], 0.0))
-            out += tl.where((o_c >= kk)[:, None], a[:, None] * (1.0 - tl.exp(g_t))[None, :] * decay, 0.0)
+        for kb in tl.static_range(BD // DB):  # one key row at a time, exp(b_t - b_j) directly
+            x_b = _load_cols(x_ptr, rows, m_t, i_h, H, D, kb * DB, DB)
+            o_d = kb * DB + tl.arange(0, DB)
+            for kk in range(0, BC):
+                t = r + kk
+                y_t = tl.load(y_ptr + (t * H + i_h) * D + o_d, mask=(o_d < D) & (t < eos), other=0.0).to(tl.float32)
+                g_t = tl.load(g_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+                b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+                a = tl.sum(x_b * y_t[None, :], 1)  # [BC]: this block's share of x_t' . y_t
+                decay = tl.exp(tl.minimum(b_i - b_t[None, :], 0.0))
+                out += tl.where((o_c >= kk)[:, None], a[:, None] * (1.0 - tl.exp(g_t))[None, :] * decay, 0.0)
     return out
 
 
 @triton.jit
-def _read_values(w_i, y_ptr, s0, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, D, BT: tl.constexpr,
-                 BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
-                 SPAN: tl.constexpr):
-    """Value-side read of one sub-chunk: [BC, BD] with row t =
+def _read_values(w_i, y_ptr, s_ptr, out_ptr, out_scale, g_ptr, b_ptr, b_i, r, c0, i_c, eos, i_h, H, M, D,
+                 BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr,
+                 PREC: tl.constexpr, SPAN: tl.constexpr):
+    """Value-side read of one sub-chunk, stored times out_scale into out [N, H, D] (rows
+    r..r+BC, by column blocks of DB): row t =
     (w_t * exp(b_t)) s0 + sum_{c0 <= j <= t} (sum_m w_t,m s_j,m exp(b_t,m - b_j,m)) y_j.
 
-    (w, y, s0) = (p, v, V~0) gives the output, (dz, k, K~0) the query gradient (before
-    scaling). w_i [BC, BM]; s0 [BM, BD]; b_i [BC, BM]. Diagonal as in `_read_slots`.
+    (w, y, s0) = (p, v, V~0) gives the output, (dz, k, K~0) the query gradient (out_scale:
+    the attention scale); s0 is chunk i_c's start state in s_ptr. w_i, b_i [BC, BM].
+    Diagonal as in `_read_slots`.
     """
     o_c = tl.arange(0, BC)
     o_m = tl.arange(0, BM)
     m_m = o_m < M
-    out = _dot(w_i * tl.exp(b_i), s0, PREC)
-    b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m, other=0.0)
-    w_r = w_i * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))  # rows past the end: b_i = 0
-    for jj in tl.static_range(BT // BC - 1):
-        j0 = c0 + jj * BC
-        if j0 < r:
-            rows_j = j0 + o_c
-            y_j = _load_rows(y_ptr, rows_j, rows_j < eos, i_h, H, D, BD)
-            p_jm = (rows_j[:, None] * H + i_h) * M + o_m[None, :]
-            g_j = tl.load(g_ptr + p_jm, mask=m_m[None, :], other=0.0)
-            b_j = tl.load(b_ptr + p_jm, mask=m_m[None, :], other=0.0)
-            key = (1.0 - tl.exp(g_j)) * tl.exp(b_r[None, :] - b_j)
-            a = _dot(w_r, tl.trans(key), PREC)  # [BC, BC]
-            out += _dot(a, y_j, PREC)
     rows = r + o_c
     m_t = rows < eos
-    if _diagonal_span(b_i, b_r) > -SPAN:
-        y_s = _load_rows(y_ptr, rows, m_t, i_h, H, D, BD)
-        g_s = tl.load(g_ptr + (rows[:, None] * H + i_h) * M + o_m[None, :], mask=m_t[:, None] & m_m[None, :],
-                      other=0.0)
-        key = (1.0 - tl.exp(g_s)) * tl.exp(b_r[None, :] - b_i)
-        a = tl.where(o_c[:, None] >= o_c[None, :], _dot(w_r, tl.trans(key), PREC), 0.0)
-        out += _dot(a, y_s, PREC)
-    else:
-        o_d = tl.arange(0, BD)
-        for kk in range(0, BC):
-            t = r + kk
-            y_t = tl.load(y_ptr + (t * H + i_h) * D + o_d, mask=(o_d < D) & (t < eos), other=0.0).to(tl.float32)
-            g_t = tl.load(g_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
-            b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
-            decay = tl.exp(tl.minimum(b_i - b_t[None, :], 0.0))
-            col = tl.sum(w_i * (1.0 - tl.exp(g_t))[None, :] * decay, 1)  # [BC]
-            col = tl.where(o_c >= kk, col, 0.0)
-            out += col[:, None] * y_t[None, :]
-    return out
+    b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m, other=0.0)
+    w_0 = w_i * tl.exp(b_i)
+    w_r = w_i * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))  # rows past the end: b_i = 0
+    for kb in tl.static_range(BD // DB):
+        d0 = kb * DB
+        out = _dot(w_0, _load_state(s_ptr, i_c, i_h, H, M, D, d0, BM, DB), PREC)
+        for jj in tl.static_range(BT // BC - 1):
+            j0 = c0 + jj * BC
+            if j0 < r:
+                rows_j = j0 + o_c
+                p_jm = (rows_j[:, None] * H + i_h) * M + o_m[None, :]
+                g_j = tl.load(g_ptr + p_jm, mask=m_m[None, :], other=0.0)
+                b_j = tl.load(b_ptr + p_jm, mask=m_m[None, :], other=0.0)
+                key = (1.0 - tl.exp(g_j)) * tl.exp(b_r[None, :] - b_j)
+                a = _dot(w_r, tl.trans(key), PREC)  # [BC, BC]
+                out += _dot(a, _load_cols(y_ptr, rows_j, rows_j < eos, i_h, H, D, d0, DB), PREC)
+        if _diagonal_span(b_i, b_r) > -SPAN:
+            g_s = tl.load(g_ptr + (rows[:, None] * H + i_h) * M + o_m[None, :], mask=m_t[:, None] & m_m[None, :],
+                          other=0.0)
+            key = (1.0 - tl.exp(g_s)) * tl.exp(b_r[None, :] - b_i)
+            a = tl.where(o_c[:, None] >= o_c[None, :], _dot(w_r, tl.trans(key), PREC), 0.0)
+            out += _dot(a, _load_cols(y_ptr, rows, m_t, i_h, H, D, d0, DB), PREC)
+        else:
+            o_d = d0 + tl.arange(0, DB)
+            for kk in range(0, BC):
+                t = r + kk
+                y_t = tl.load(y_ptr + (t * H + i_h) * D + o_d, mask=(o_d < D) & (t < eos), other=0.0).to(tl.float32)
+                g_t = tl.load(g_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+                b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+                decay = tl.exp(tl.minimum(b_i - b_t[None, :], 0.0))
+                col = tl.sum(w_i * (1.0 - tl.exp(g_t))[None, :] * decay, 1)  # [BC]
+                col = tl.where(o_c >= kk, col, 0.0)
+                out += col[:, None] * y_t[None, :]
+        o_d = d0 + tl.arange(0, DB)
+        tl.store(out_ptr + (rows[:, None] * H + i_h) * D + o_d[None, :], (out * out_scale).to(out_ptr.dtype.element_ty),
+                 mask=m_t[:, None] & (o_d < D)[None, :])
 
 
 @triton.jit
@@ -339,34 +382,24 @@ def _output_fwd_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sk_ptr, sv_ptr, o_ptr, z_ptr, sub_ptr,
     scale, H, M, DK, DV,
     BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PREC_S: tl.constexpr, PREC_V: tl.constexpr, SPAN: tl.constexpr,
+    DBK: tl.constexpr, DBV: tl.constexpr, PREC_S: tl.constexpr, PREC_V: tl.constexpr, SPAN: tl.constexpr,
 ):
     """Output of one sub-chunk: slot logits, softmax, value read. The logits z (scaled,
-    fp32) are also stored, for the backward; the probabilities are not."""
+    fp32) are also stored, for the backward; the probabilities are not. Head dims padded
+    to BK / BV go by column blocks of DBK / DBV."""
     i_s, i_h = tl.program_id(0), tl.program_id(1)
     r, c0, i_c, eos = _sub_chunk_rows(sub_ptr, i_s)
-    o_c = tl.arange(0, BC)
     o_m = tl.arange(0, BM)
-    o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
-    rows = r + o_c
-    m_t = rows < eos
-    m_m = o_m < M
-    q_i = tl.load(q_ptr + (rows[:, None] * H + i_h) * DK + o_k[None, :],
-                  mask=m_t[:, None] & (o_k < DK)[None, :], other=0.0).to(tl.float32)
-    m_tm = m_t[:, None] & m_m[None, :]
+    rows = r + tl.arange(0, BC)
+    m_tm = (rows < eos)[:, None] & (o_m < M)[None, :]
     p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
     b_i = tl.load(b_ptr + p_tm, mask=m_tm, other=0.0)
-    sk = tl.load(sk_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DK + o_k[None, :],
-                 mask=m_m[:, None] & (o_k < DK)[None, :], other=0.0)
-    z = _read_slots(q_i, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC_S, SPAN) * scale
+    z = _read_slots(q_ptr, k_ptr, sk_ptr, g_ptr, b_ptr, b_i, r, c0, i_c, eos, i_h, H, M, DK,
+                    BT, BC, BM, BK, DBK, PREC_S, SPAN) * scale
     tl.store(z_ptr + p_tm, z, mask=m_tm)
     p = _slot_softmax(z, M, BM)
-    sv = tl.load(sv_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DV + o_v[None, :],
-                 mask=m_m[:, None] & (o_v < DV)[None, :], other=0.0)
-    o = _read_values(p, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC_V, SPAN)
-    tl.store(o_ptr + (rows[:, None] * H + i_h) * DV + o_v[None, :], o.to(o_ptr.dtype.element_ty),
-             mask=m_t[:, None] & (o_v < DV)[None, :])
+    _read_values(p, v_ptr, sv_ptr, o_ptr, 1.0, g_ptr, b_ptr, b_i, r, c0, i_c, eos, i_h, H, M, DV,
+                 BT, BC, BM, BV, DBV, PREC_V, SPAN)
 
 
 @triton.jit
@@ -375,50 +408,38 @@ def _query_bwd_kernel(
     p_ptr, dz_ptr, dq_ptr, dgate_ptr,
     scale, H, M, DK, DV,
     BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PREC_S: tl.constexpr, PREC_V: tl.constexpr, SPAN: tl.constexpr,
+    DBK: tl.constexpr, DBV: tl.constexpr, PREC_S: tl.constexpr, PREC_V: tl.constexpr, SPAN: tl.constexpr,
 ):
     """Query side of the backward for one sub-chunk.
 
     p = softmax(z) from the stored logits; dp_t,m = do_t . V~_t[m]; dz = p (dp - <p, dp>).
-    Writes p and dz
-    (fp32, for the key side and the state scan), dq = scale K~_t^T dz_t, and the query
-    part z*dz + p*dp of the gradient with respect to the cumulative log-gates.
+    Writes p and dz (fp32, for the key side and the state scan), dq = scale K~_t^T dz_t,
+    and the query part z*dz + p*dp of the gradient with respect to the cumulative log-gates.
     """
     i_s, i_h = tl.program_id(0), tl.program_id(1)
     r, c0, i_c, eos = _sub_chunk_rows(sub_ptr, i_s)
-    o_c = tl.arange(0, BC)
     o_m = tl.arange(0, BM)
-    o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
-    rows = r + o_c
-    m_t = rows < eos
     m_m = o_m < M
-    m_tm = m_t[:, None] & m_m[None, :]
+    rows = r + tl.arange(0, BC)
+    m_tm = (rows < eos)[:, None] & m_m[None, :]
     p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
-    do_i = tl.load(do_ptr + (rows[:, None] * H + i_h) * DV + o_v[None, :],
-                   mask=m_t[:, None] & (o_v < DV)[None, :], other=0.0).to(tl.float32)
     b_i = tl.load(b_ptr + p_tm, mask=m_tm, other=0.0)
     z = tl.load(z_ptr + p_tm, mask=m_tm, other=0.0)
     p = _slot_softmax(z, M, BM)
-    sv = tl.load(sv_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DV + o_v[None, :],
-                 mask=m_m[:, None] & (o_v < DV)[None, :], other=0.0)
-    dp = _read_slots(do_i, v_ptr, sv, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DV, BT, BC, BM, BV, PREC_S, SPAN)
+    dp = _read_slots(do_ptr, v_ptr, sv_ptr, g_ptr, b_ptr, b_i, r, c0, i_c, eos, i_h, H, M, DV,
+                     BT, BC, BM, BV, DBV, PREC_S, SPAN)
     dz = p * (dp - tl.sum(p * dp, 1)[:, None])
-    sk = tl.load(sk_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * DK + o_k[None, :],
-                 mask=m_m[:, None] & (o_k < DK)[None, :], other=0.0)
-    dq = _read_values(dz, k_ptr, sk, g_ptr, b_ptr, b_i, r, c0, eos, i_h, H, M, DK, BT, BC, BM, BK, PREC_V, SPAN) * scale
-    dgate = tl.where(m_m[None, :], z * dz, 0.0) + p * dp
     tl.store(p_ptr + p_tm, p, mask=m_tm)
     tl.store(dz_ptr + p_tm, dz, mask=m_tm)
-    tl.store(dgate_ptr + p_tm, dgate, mask=m_tm)
-    tl.store(dq_ptr + (rows[:, None] * H + i_h) * DK + o_k[None, :], dq.to(dq_ptr.dtype.element_ty),
-             mask=m_t[:, None] & (o_k < DK)[None, :])
+    tl.store(dgate_ptr + p_tm, tl.where(m_m[None, :], z * dz, 0.0) + p * dp, mask=m_tm)
+    _read_values(dz, k_ptr, sk_ptr, dq_ptr, scale, g_ptr, b_ptr, b_i, r, c0, i_c, eos, i_h, H, M, DK,
+                 BT, BC, BM, BK, DBK, PREC_V, SPAN)
 
 
 @triton.jit
 def _key_bwd_kernel(
     w_ptr, x_ptr, y_ptr, dn_ptr, g_ptr, b_ptr, sub_ptr, dy_ptr, ds_ptr, sc, H, M, D,
-    BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, DB: tl.constexpr,
     PREC_S: tl.constexpr, PREC_V: tl.constexpr, SPAN: tl.constexpr,
 ):
     """Key side of the backward for one sub-chunk of key rows j, from the later queries of
@@ -427,80 +448,77 @@ def _key_bwd_kernel(
     half the tiles live in each. With G the cumulative gate at the chunk's last row and t
     over the queries of the chunk from row j on:
 
-        dy_j = (s_j exp(G - b_j)) dn + sc sum_t (sum_m w_t,m s_j,m exp(b_t,m - b_j,m)) x_t
         ds_j,m = exp(G_m - b_j,m) (y_j . dn_m) + sc sum_t exp(b_t,m - b_j,m) (y_j . x_t) w_t,m
+        dy_j = (s_j exp(G - b_j)) dn + sc sum_t (sum_m w_t,m s_j,m exp(b_t,m - b_j,m)) x_t
 
-    stores dy (dk or dv) and this launch's share of ds [BC, M], the gradient of the write
-    weights s_j (the two shares are summed by `_gate_grad_kernel`).
+    stores dy (dk or dv), by column blocks of DB, and this launch's share of ds [BC, M],
+    the gradient of the write weights s_j (the two shares are summed by `_gate_grad_kernel`).
     """
     i_s, i_h = tl.program_id(0), tl.program_id(1)
     j0, c0, i_c, eos = _sub_chunk_rows(sub_ptr, i_s)
     o_c = tl.arange(0, BC)
     o_m = tl.arange(0, BM)
-    o_d = tl.arange(0, BD)
     rows = j0 + o_c
     m_t = rows < eos
     m_m = o_m < M
-    m_d = o_d < D
     m_tm = m_t[:, None] & m_m[None, :]
     p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
-    y_j = _load_rows(y_ptr, rows, m_t, i_h, H, D, BD)
     b_j = tl.load(b_ptr + p_tm, mask=m_tm, other=0.0)
     s_j = 1.0 - tl.exp(tl.load(g_ptr + p_tm, mask=m_tm, other=0.0))
     end = tl.minimum(c0 + BT, eos)
-
-    # through the state at the chunk end
     g_last = tl.load(b_ptr + ((end - 1) * H + i_h) * M + o_m, mask=m_m, other=0.0)
     to_end = tl.exp(tl.minimum(g_last[None, :] - b_j, 0.0))  # [BC, BM]
-    dn = tl.load(dn_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * D + o_d[None, :],
-                 mask=m_m[:, None] & m_d[None, :], other=0.0)
-    dy = _dot(s_j * to_end, dn, PREC_V)
-    ds = to_end * _dot(y_j, tl.trans(dn), PREC_S)
-
-    # through the queries of the later sub-chunks (reference row: the next sub-chunk's first)
-    r = j0 + BC
+    r = j0 + BC  # reference row of the later sub-chunks: the next sub-chunk's first
     b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m & (r < end), other=0.0)
-    key = s_j * tl.exp(tl.minimum(b_r[None, :] - b_j, 0.0))
-    acc_s = tl.zeros([BC, BM], dtype=tl.float32)
-    for ii in tl.static_range(BT // BC - 1):
-        i0 = r + ii * BC
-        if i0 < end:
-            rows_i = i0 + o_c
-            m_i = rows_i < eos
-            m_im = m_i[:, None] & m_m[None, :]
-            p_im = (rows_i[:, None] * H + i_h) * M + o_m[None, :]
-            x_i = _load_rows(x_ptr, rows_i, m_i, i_h, H, D, BD)
-            b_i = tl.load(b_ptr + p_im, mask=m_im, other=0.0)
-            w_i = tl.load(w_ptr + p_im, mask=m_im, other=0.0) * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))
-            w1 = _dot(w_i, tl.trans(key), PREC_V)  # [BC_t, BC_j]
-            dy += sc * _dot(tl.trans(w1), x_i, PREC_V)
-            a = _dot(y_j, tl.trans(x_i), PREC_S)  # [BC_j, BC_t]
-            acc_s += _dot(a, w_i, PREC_S)
-    ds += sc * acc_s * tl.exp(tl.minimum(b_r[None, :] - b_j, 0.0))
+    to_r = tl.exp(tl.minimum(b_r[None, :] - b_j, 0.0))
 
-    # through the queries of the sub-chunk itself (query row t >= key row j), reference row j0
-    b_0 = tl.load(b_ptr + (j0 * H + i_h) * M + o_m, mask=m_m, other=0.0)
-    if _diagonal_span(b_j, b_0) > -SPAN:  # one product per term (rows past the end: x = w = 0)
-        w_s = tl.load(w_ptr + p_tm, mask=m_tm, other=0.0) * tl.exp(tl.minimum(b_j - b_0[None, :], 0.0))
-        x_s = _load_rows(x_ptr, rows, m_t, i_h, H, D, BD)
-        key = s_j * tl.exp(b_0[None, :] - b_j)
-        w1 = tl.where(o_c[:, None] >= o_c[None, :], _dot(w_s, tl.trans(key), PREC_V), 0.0)  # [t, j]
-        dy += sc * _dot(tl.trans(w1), x_s, PREC_V)
-        a = tl.where(o_c[:, None] <= o_c[None, :], _dot(y_j, tl.trans(x_s), PREC_S), 0.0)  # [j, t]
-        ds += sc * tl.exp(b_0[None, :] - b_j) * _dot(a, w_s, PREC_S)
-    else:  # one query row at a time, exp(b_t - b_j) directly
-        for tt in range(0, BC):  # past the end: x = w = 0
-            t = j0 + tt
-            ok = t < eos
-            x_t = tl.load(x_ptr + (t * H + i_h) * D + o_d, mask=m_d & ok, other=0.0).to(tl.float32)
-            b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
-            w_t = tl.load(w_ptr + (t * H + i_h) * M + o_m, mask=m_m & ok, other=0.0)
-            decay = tl.where((o_c <= tt)[:, None], tl.exp(tl.minimum(b_t[None, :] - b_j, 0.0)), 0.0)
-            dy += sc * tl.sum(w_t[None, :] * s_j * decay, 1)[:, None] * x_t[None, :]
-            ds += sc * decay * tl.sum(y_j * x_t[None, :], 1)[:, None] * w_t[None, :]
-
-    tl.store(dy_ptr + (rows[:, None] * H + i_h) * D + o_d[None, :], dy.to(dy_ptr.dtype.element_ty),
-             mask=m_t[:, None] & m_d[None, :])
+    key = s_j * to_r
+    ds = tl.zeros([BC, BM], dtype=tl.float32)
+    for kb in tl.static_range(BD // DB):  # column blocks of y, x, dn, dy; ds sums over them
+        d0 = kb * DB
+        o_d = d0 + tl.arange(0, DB)
+        y_b = _load_cols(y_ptr, rows, m_t, i_h, H, D, d0, DB)
+        # through the state at the chunk end
+        dn = _load_state(dn_ptr, i_c, i_h, H, M, D, d0, BM, DB)
+        dy = _dot(s_j * to_end, dn, PREC_V)
+        ds += to_end * _dot(y_b, tl.trans(dn), PREC_S)
+        # through the queries of the later sub-chunks
+        acc = tl.zeros([BC, BM], dtype=tl.float32)
+        for ii in tl.static_range(BT // BC - 1):
+            i0 = r + ii * BC
+            if i0 < end:
+                rows_i = i0 + o_c
+                m_i = rows_i < eos
+                m_im = m_i[:, None] & m_m[None, :]
+                p_im = (rows_i[:, None] * H + i_h) * M + o_m[None, :]
+                b_i = tl.load(b_ptr + p_im, mask=m_im, other=0.0)
+                w_i = tl.load(w_ptr + p_im, mask=m_im, other=0.0) * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))
+                x_i = _load_cols(x_ptr, rows_i, m_i, i_h, H, D, d0, DB)
+                w1 = _dot(w_i, tl.trans(key), PREC_V)  # [BC_t, BC_j]
+                dy += sc * _dot(tl.trans(w1), x_i, PREC_V)
+                acc += _dot(_dot(y_b, tl.trans(x_i), PREC_S), w_i, PREC_S)  # [BC_j, BC_t] @ [BC_t, BM]
+        ds += sc * acc * to_r
+        # through the queries of the sub-chunk itself (query row t >= key row j)
+        b_0 = tl.load(b_ptr + (j0 * H + i_h) * M + o_m, mask=m_m, other=0.0)  # reference row: the first
+        if _diagonal_span(b_j, b_0) > -SPAN:  # rows past the end: x = w = 0
+            w_s = tl.load(w_ptr + p_tm, mask=m_tm, other=0.0) * tl.exp(tl.minimum(b_j - b_0[None, :], 0.0))
+            x_s = _load_cols(x_ptr, rows, m_t, i_h, H, D, d0, DB)
+            w1 = tl.where(o_c[:, None] >= o_c[None, :],
+                          _dot(w_s, tl.trans(s_j * tl.exp(b_0[None, :] - b_j)), PREC_V), 0.0)  # [t, j]
+            dy += sc * _dot(tl.trans(w1), x_s, PREC_V)
+            a = tl.where(o_c[:, None] <= o_c[None, :], _dot(y_b, tl.trans(x_s), PREC_S), 0.0)  # [j, t]
+            ds += sc * tl.exp(b_0[None, :] - b_j) * _dot(a, w_s, PREC_S)
+        else:  # one query row at a time, exp(b_t - b_j) directly
+            for tt in range(0, BC):  # past the end: x = w = 0
+                t = j0 + tt
+                x_t = tl.load(x_ptr + (t * H + i_h) * D + o_d, mask=(o_d < D) & (t < eos), other=0.0).to(tl.float32)
+                b_t = tl.load(b_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+                w_t = tl.load(w_ptr + (t * H + i_h) * M + o_m, mask=m_m & (t < eos), other=0.0)
+                decay = tl.where((o_c <= tt)[:, None], tl.exp(tl.minimum(b_t[None, :] - b_j, 0.0)), 0.0)
+                dy += sc * tl.sum(w_t[None, :] * s_j * decay, 1)[:, None] * x_t[None, :]
+                ds += sc * decay * tl.sum(y_b * x_t[None, :], 1)[:, None] * w_t[None, :]
+        tl.store(dy_ptr + (rows[:, None] * H + i_h) * D + o_d[None, :], dy.to(dy_ptr.dtype.element_ty),
+                 mask=m_t[:, None] & (o_d < D)[None, :])
     tl.store(ds_ptr + p_tm, ds, mask=m_tm)
 
 
