@@ -81,9 +81,11 @@ def _block(n: int) -> int:
 # Dot precision for bf16 / fp16 inputs, one per family (fp32 inputs run "ieee" in both):
 # PREC_SLOTS for the dots whose results reach the log-gate gradient (state writes and their
 # gradients, slot-side reads, ds): that gradient is a difference of large sums, and plain
-# tf32 there left it at 6.1e-3 relative RMS at 8K (limit 5e-3). PREC_VALUES for the dots
-# that only reach o, dq, dk, dv. Values: "tf32x3", "bf16x3", "tf32", "bf16" (see chunk_kernels).
-PREC_SLOTS = "tf32x3"
+# tf32 there left it at 6.1e-3 relative RMS at 8K (limit 5e-3); bf16x3 keeps about 16 bits
+# and, unlike tf32x3, left the per-sub-chunk kernels (nearly) without spills at 8 warps
+# (ptxas, sm_90a). PREC_VALUES for the dots that only reach o, dq, dk, dv.
+# Values: "tf32x3", "bf16x3", "tf32", "bf16" (see chunk_kernels).
+PREC_SLOTS = "bf16x3"
 PREC_VALUES = "tf32"
 # warps of the per-sub-chunk kernels for 64-wide tiles (output, query side, key side);
 # tiles wider than 64 take 8. At 4 warps ptxas spilled 500-860 B in each (sm_90a, d=M=64).

@@ -12,7 +12,8 @@ their chunk-local cumulative sums b [N, H, M] are fp32. Two tilings:
 - sub-chunks of BC positions (16) inside a chunk: one program per sub-chunk reads its
   chunk's start state and the earlier sub-chunks of its chunk. Both gated-linear-attention
   passes and the slot softmax between them run in that one program; the forward stores
-  the slot logits only for the backward.
+  the slot logits only for the backward. Products over the head dim go by column blocks
+  (DB / DBK / DBV columns), loaded again for each use rather than kept in registers.
 
 Stability: inside a chunk b is non-increasing in time, so for query row t in sub-chunk i
 and key row j in an earlier sub-chunk, exp(b_t - b_j) = exp(b_t - b_r) * exp(b_r - b_j)

@@ -31,11 +31,10 @@ HEADS, DIM, SLOTS, TOKENS = 16, 64, 64, 65536
 # settings of `chunk` to compare against its defaults ("base")
 VARIANTS = {
     "base": {},
-    "slots_bf16x3": {"PREC_SLOTS": "bf16x3"},
-    "slots_bf16x3_values_bf16": {"PREC_SLOTS": "bf16x3", "PREC_VALUES": "bf16"},
+    "slots_tf32x3": {"PREC_SLOTS": "tf32x3"},
+    "values_bf16": {"PREC_VALUES": "bf16"},
     "scan_narrow": {"SCAN_ROWS": 2, "GATE_SLOTS": 4},  # 4x more programs in the scans over chunks
     "warps4": {"WARPS": {"output": 4, "query": 4, "key": 4}},
-    "values_bf16": {"PREC_VALUES": "bf16"},
     "slots_tf32": {"PREC_SLOTS": "tf32"},
     "values_tf32x3": {"PREC_VALUES": "tf32x3"},
 }
