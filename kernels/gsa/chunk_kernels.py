@@ -236,7 +236,7 @@ def _row_dots(x_ptr, rows_x, m_x, y_ptr, rows_y, m_y, i_h, H, D, BD: tl.constexp
     accumulated over column blocks of DB (blocks are loaded again, not kept)."""
     a = _dot(_load_cols(x_ptr, rows_x, m_x, i_h, H, D, 0, DB),
              tl.trans(_load_cols(y_ptr, rows_y, m_y, i_h, H, D, 0, DB)), PREC)
-    for kb in tl.static_range(1, BD // DB):
+    for kb in range(1, BD // DB):
         a += _dot(_load_cols(x_ptr, rows_x, m_x, i_h, H, D, kb * DB, DB),
                   tl.trans(_load_cols(y_ptr, rows_y, m_y, i_h, H, D, kb * DB, DB)), PREC)
     return a
@@ -248,7 +248,7 @@ def _row_state_dots(x_ptr, rows, m_t, s_ptr, i_c, i_h, H, M, D, BM: tl.constexpr
     """[len(rows), BM] = x_rows S^T for the state S [M, D] of chunk i_c, over column blocks."""
     out = _dot(_load_cols(x_ptr, rows, m_t, i_h, H, D, 0, DB),
                tl.trans(_load_state(s_ptr, i_c, i_h, H, M, D, 0, BM, DB)), PREC)
-    for kb in tl.static_range(1, BD // DB):
+    for kb in range(1, BD // DB):
         out += _dot(_load_cols(x_ptr, rows, m_t, i_h, H, D, kb * DB, DB),
                     tl.trans(_load_state(s_ptr, i_c, i_h, H, M, D, kb * DB, BM, DB)), PREC)
     return out
@@ -294,7 +294,7 @@ def _read_slots(x_ptr, y_ptr, s_ptr, g_ptr, b_ptr, b_i, r, c0, i_c, eos, i_h, H,
         out += acc * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))  # rows past the end: b_i = 0
     else:
         out += acc * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))
-        for kb in tl.static_range(BD // DB):  # one key row at a time, exp(b_t - b_j) directly
+        for kb in range(0, BD // DB):  # one key row at a time, exp(b_t - b_j) directly
             x_b = _load_cols(x_ptr, rows, m_t, i_h, H, D, kb * DB, DB)
             o_d = kb * DB + tl.arange(0, DB)
             for kk in range(0, BC):
@@ -328,7 +328,7 @@ def _read_values(w_i, y_ptr, s_ptr, out_ptr, out_scale, g_ptr, b_ptr, b_i, r, c0
     b_r = tl.load(b_ptr + (r * H + i_h) * M + o_m, mask=m_m, other=0.0)
     w_0 = w_i * tl.exp(b_i)
     w_r = w_i * tl.exp(tl.minimum(b_i - b_r[None, :], 0.0))  # rows past the end: b_i = 0
-    for kb in tl.static_range(BD // DB):
+    for kb in range(0, BD // DB):
         d0 = kb * DB
         out = _dot(w_0, _load_state(s_ptr, i_c, i_h, H, M, D, d0, BM, DB), PREC)
         for jj in tl.static_range(BT // BC - 1):
@@ -475,7 +475,7 @@ def _key_bwd_kernel(
 
     key = s_j * to_r
     ds = tl.zeros([BC, BM], dtype=tl.float32)
-    for kb in tl.static_range(BD // DB):  # column blocks of y, x, dn, dy; ds sums over them
+    for kb in range(0, BD // DB):  # column blocks of y, x, dn, dy; ds sums over them
         d0 = kb * DB
         o_d = d0 + tl.arange(0, DB)
         y_b = _load_cols(y_ptr, rows, m_t, i_h, H, D, d0, DB)
