@@ -9,7 +9,7 @@ The causal scan (CS) is one autograd Function over the kernels of `chunk_kernels
               _chunk_read_grad_kernel  x2  (per chunk: its reads' gradient of its start state)
               _state_scan_kernel       x2  (state gradients at every chunk end: reverse scan)
               _key_bwd_kernel          x2  (per sub-chunk: dk, then dv, each with its share of ds)
-              _gate_grad_kernel            (key part of the gate grad, reverse cumulative sum: d log_alpha)
+              _gate_grad_kernel        x2  (chunk totals, then d log_alpha: key part and reverse cumulative sums)
 
 The other patterns reuse it: NS runs it on the sequences reversed too, CC runs it with
 the target queries over the source and reads the final source state for queries past the
@@ -33,7 +33,7 @@ BT = 64  # positions per chunk (a state is kept at every chunk start)
 BC = 16  # positions per sub-chunk (one program of the per-position kernels)
 BD_STATE = 32  # state columns per program of the chunk write / read-gradient kernels
 SCAN_ROWS, SCAN_COLS = 8, 64  # state tile per program of the scans over chunks
-GATE_SLOTS = 16  # slots per program of the log-gate gradient's reverse cumulative sum
+GATE_SLOTS = 16  # slots per program of the log-gate gradient's kernel
 # Inside a sub-chunk, pairs (t, j) go through one matrix product with a reference row
 # (factors up to exp(SPAN)) unless some slot's gates decay by more than exp(-SPAN) across
 # the sub-chunk; then the kernels take exp(b_t - b_j) one row at a time (exact, slower).
@@ -52,9 +52,10 @@ def _layout(lengths: tuple, device: torch.device):
     """Index tables of the packed sequences (int64, on `device`).
 
     cu [NS+1]: first token of each sequence; coff [NS+1]: first chunk of each sequence;
-    chunks [NC, 2]: per chunk (first row, sequence end); sub [NSUB, 4]: per sub-chunk
-    (first row, its chunk's first row, chunk index, sequence end).
-    Returns (cu, coff, chunks, sub, number of chunks, number of sub-chunks).
+    chunks [NC, 2]: per chunk (first row, sequence end); chunk_seq [NC]: per chunk its
+    sequence; sub [NSUB, 4]: per sub-chunk (first row, its chunk's first row, chunk index,
+    sequence end).
+    Returns (cu, coff, chunks, chunk_seq, sub, number of chunks, number of sub-chunks).
     """
     lens = torch.tensor(lengths, dtype=torch.int64)
     zero = torch.zeros(1, dtype=torch.int64)
@@ -70,7 +71,7 @@ def _layout(lengths: tuple, device: torch.device):
     chunk_local = local * BC // BT
     sub = torch.stack([cu[seq] + local * BC, cu[seq] + chunk_local * BT, coff[seq] + chunk_local, cu[seq + 1]], 1)
     to = dict(dtype=torch.int64, device=device)  # int64 offsets: no overflow at any length
-    return (cu.to(**to), coff.to(**to), chunks.contiguous().to(**to), sub.contiguous().to(**to),
+    return (cu.to(**to), coff.to(**to), chunks.contiguous().to(**to), chunk_seq.to(**to), sub.contiguous().to(**to),
             int(coff[-1]), int(sub.shape[0]))
 
 
@@ -115,7 +116,7 @@ class _CausalGSA(torch.autograd.Function):
     def forward(ctx, q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
         n_tok, heads, dk = q.shape
         dv, slots = v.shape[-1], g.shape[-1]
-        cu, coff, chunks, sub, n_chunks, n_sub = _layout(lengths, q.device)
+        cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(lengths, q.device)
         n_seq = len(lengths)
         cfg = _Config(dk, dv, slots, q.dtype)
         f32 = dict(dtype=torch.float32, device=q.device)
@@ -151,7 +152,7 @@ class _CausalGSA(torch.autograd.Function):
         scale, lengths, cfg = ctx.scale, ctx.lengths, ctx.cfg
         n_tok, heads, dk = q.shape
         dv, slots = v.shape[-1], g.shape[-1]
-        cu, coff, chunks, sub, n_chunks, n_sub = _layout(lengths, q.device)
+        cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(lengths, q.device)
         n_seq = len(lengths)
         do = do.contiguous()
         p, dz, dgate = torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
@@ -188,12 +189,25 @@ class _CausalGSA(torch.autograd.Function):
             carry = (dhk * hk).sum(-1) + (dhv * hv).sum(-1)
         else:
             carry = torch.zeros(n_seq, heads, slots, **f32)
-        K._gate_grad_kernel[(n_seq * heads, triton.cdiv(slots, GATE_SLOTS))](
-            dgate, ds[0], ds[1], g, dg, carry, cu, heads, slots, BT=BT, BM=GATE_SLOTS, WHILE_LOOPS=WHILE_LOOPS,
-            num_warps=4)
+        tot = torch.empty(n_chunks, heads, slots, **f32)
+        grid = (n_chunks, heads, triton.cdiv(slots, GATE_SLOTS))
+        args = (dgate, ds[0], ds[1], g, dg, tot)
+        K._gate_grad_kernel[grid](*args, tot, chunks, heads, slots, TOTALS=True, BT=BT, BM=GATE_SLOTS, num_warps=4)
+        after = _after_chunks(tot, carry, coff, chunk_seq)
+        K._gate_grad_kernel[grid](*args, after, chunks, heads, slots, TOTALS=False, BT=BT, BM=GATE_SLOTS,
+                                  num_warps=4)
         if not ctx.has_h0:
             dh0k = dh0v = None
         return dq, dk_, dv_, dg, dh0k, dh0v, None, None, None
+
+
+def _after_chunks(tot, carry, coff, chunk_seq):
+    """Per chunk, the sum of the chunk totals `tot` [NC, H, M] after it in its sequence plus
+    the sequence's `carry` [NS, H, M]: suffix sums over all chunks in float64 (packed
+    sequences share them), less the suffix from the next sequence's first chunk."""
+    suffix = torch.cat([tot.double().flip(0).cumsum(0).flip(0), tot.new_zeros(1, *tot.shape[1:], dtype=torch.float64)])
+    after = suffix[1:] - suffix[coff[chunk_seq + 1]] + carry.double()[chunk_seq]
+    return after.float()
 
 
 def _scan(bufs, gsum, inits, lasts, coff, dims, n_seq, heads, slots, *, reverse):

@@ -33,7 +33,7 @@ VARIANTS = {
     "base": {},
     "slots_tf32x3": {"PREC_SLOTS": "tf32x3"},
     "values_bf16": {"PREC_VALUES": "bf16"},
-    "scan_narrow": {"SCAN_ROWS": 2, "GATE_SLOTS": 4},  # 4x more programs in the scans over chunks
+    "scan_narrow": {"SCAN_ROWS": 2},  # 4x more programs in the scans over chunks
     "warps4": {"WARPS": {"output": 4, "query": 4, "key": 4}},
     "slots_tf32": {"PREC_SLOTS": "tf32"},
     "values_tf32x3": {"PREC_VALUES": "tf32x3"},
