@@ -9,7 +9,7 @@ The causal scan (CS) is one autograd Function over the kernels of `chunk_kernels
               _chunk_read_grad_kernel  x2  (per chunk: its reads' gradient of its start state)
               _state_scan_kernel       x2  (state gradients at every chunk end: reverse scan)
               _key_bwd_kernel          x2  (per sub-chunk: dk, then dv, each with its share of ds)
-              _gate_grad_kernel        x2  (chunk totals, then d log_alpha: key part and reverse cumulative sums)
+              _gate_grad_kernel            (key part of the gate grad, reverse cumulative sum: d log_alpha)
 
 The other patterns reuse it: NS runs it on the sequences reversed too, CC runs it with
 the target queries over the source and reads the final source state for queries past the
@@ -31,9 +31,9 @@ from .torch_path import read_state
 
 BT = 64  # positions per chunk (a state is kept at every chunk start)
 BC = 16  # positions per sub-chunk (one program of the per-position kernels)
-BD_STATE = 32  # state columns per program of the chunk write / read-gradient kernels
+BD_STATE = 64  # state columns per program of the chunk write / read-gradient kernels (32: +0.65 ms)
 SCAN_ROWS, SCAN_COLS = 8, 64  # state tile per program of the scans over chunks
-GATE_SLOTS = 16  # slots per program of the log-gate gradient's kernel
+GATE_SLOTS = 16  # slots per program of the log-gate gradient's reverse cumulative sum
 # Inside a sub-chunk, pairs (t, j) go through one matrix product with a reference row
 # (factors up to exp(SPAN)) unless some slot's gates decay by more than exp(-SPAN) across
 # the sub-chunk; then the kernels take exp(b_t - b_j) one row at a time (exact, slower).
@@ -52,10 +52,9 @@ def _layout(lengths: tuple, device: torch.device):
     """Index tables of the packed sequences (int64, on `device`).
 
     cu [NS+1]: first token of each sequence; coff [NS+1]: first chunk of each sequence;
-    chunks [NC, 2]: per chunk (first row, sequence end); chunk_seq [NC]: per chunk its
-    sequence; sub [NSUB, 4]: per sub-chunk (first row, its chunk's first row, chunk index,
-    sequence end).
-    Returns (cu, coff, chunks, chunk_seq, sub, number of chunks, number of sub-chunks).
+    chunks [NC, 2]: per chunk (first row, sequence end); sub [NSUB, 4]: per sub-chunk
+    (first row, its chunk's first row, chunk index, sequence end).
+    Returns (cu, coff, chunks, sub, number of chunks, number of sub-chunks).
     """
     lens = torch.tensor(lengths, dtype=torch.int64)
     zero = torch.zeros(1, dtype=torch.int64)
@@ -71,7 +70,7 @@ def _layout(lengths: tuple, device: torch.device):
     chunk_local = local * BC // BT
     sub = torch.stack([cu[seq] + local * BC, cu[seq] + chunk_local * BT, coff[seq] + chunk_local, cu[seq + 1]], 1)
     to = dict(dtype=torch.int64, device=device)  # int64 offsets: no overflow at any length
-    return (cu.to(**to), coff.to(**to), chunks.contiguous().to(**to), chunk_seq.to(**to), sub.contiguous().to(**to),
+    return (cu.to(**to), coff.to(**to), chunks.contiguous().to(**to), sub.contiguous().to(**to),
             int(coff[-1]), int(sub.shape[0]))
 
 
@@ -82,15 +81,15 @@ def _block(n: int) -> int:
 # Dot precision for bf16 / fp16 inputs, one per family (fp32 inputs run "ieee" in both):
 # PREC_SLOTS for the dots whose results reach the log-gate gradient (state writes and their
 # gradients, slot-side reads, ds): that gradient is a difference of large sums, and plain
-# tf32 there left it at 6.1e-3 relative RMS at 8K (limit 5e-3); bf16x3 keeps about 16 bits
-# and, unlike tf32x3, left the per-sub-chunk kernels (nearly) without spills at 8 warps
-# (ptxas, sm_90a). PREC_VALUES for the dots that only reach o, dq, dk, dv.
+# tf32 there left it at 6.7e-3 relative RMS at 8K (limit 5e-3); bf16x3 keeps about 16 bits:
+# 2.3e-3 there as with tf32x3, fwd+bwd 26.9 ms instead of 30.3 (H200, 8 warps, d=M=64).
+# PREC_VALUES for the dots that only reach o, dq, dk, dv (bf16 there: 3.1e-3 on dq, -0.1 ms).
 # Values: "tf32x3", "bf16x3", "tf32", "bf16" (see chunk_kernels).
 PREC_SLOTS = "bf16x3"
 PREC_VALUES = "tf32"
 # warps of the per-sub-chunk kernels for 64-wide tiles (output, query side, key side);
-# tiles wider than 64 take 8. At 4 warps ptxas spilled 500-860 B in each (sm_90a, d=M=64).
-WARPS = {"output": 8, "query": 8, "key": 8}
+# tiles wider than 64 take 8. H200, d=M=64: fwd+bwd 16.9 ms at 4 warps, 27.0 at 8.
+WARPS = {"output": 4, "query": 4, "key": 4}
 
 
 class _Config:
@@ -116,7 +115,7 @@ class _CausalGSA(torch.autograd.Function):
     def forward(ctx, q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
         n_tok, heads, dk = q.shape
         dv, slots = v.shape[-1], g.shape[-1]
-        cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(lengths, q.device)
+        cu, coff, chunks, sub, n_chunks, n_sub = _layout(lengths, q.device)
         n_seq = len(lengths)
         cfg = _Config(dk, dv, slots, q.dtype)
         f32 = dict(dtype=torch.float32, device=q.device)
@@ -152,7 +151,7 @@ class _CausalGSA(torch.autograd.Function):
         scale, lengths, cfg = ctx.scale, ctx.lengths, ctx.cfg
         n_tok, heads, dk = q.shape
         dv, slots = v.shape[-1], g.shape[-1]
-        cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(lengths, q.device)
+        cu, coff, chunks, sub, n_chunks, n_sub = _layout(lengths, q.device)
         n_seq = len(lengths)
         do = do.contiguous()
         p, dz, dgate = torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
@@ -189,25 +188,12 @@ class _CausalGSA(torch.autograd.Function):
             carry = (dhk * hk).sum(-1) + (dhv * hv).sum(-1)
         else:
             carry = torch.zeros(n_seq, heads, slots, **f32)
-        tot = torch.empty(n_chunks, heads, slots, **f32)
-        grid = (n_chunks, heads, triton.cdiv(slots, GATE_SLOTS))
-        args = (dgate, ds[0], ds[1], g, dg, tot)
-        K._gate_grad_kernel[grid](*args, tot, chunks, heads, slots, TOTALS=True, BT=BT, BM=GATE_SLOTS, num_warps=4)
-        after = _after_chunks(tot, carry, coff, chunk_seq)
-        K._gate_grad_kernel[grid](*args, after, chunks, heads, slots, TOTALS=False, BT=BT, BM=GATE_SLOTS,
-                                  num_warps=4)
+        K._gate_grad_kernel[(n_seq * heads, triton.cdiv(slots, GATE_SLOTS))](
+            dgate, ds[0], ds[1], g, dg, carry, cu, heads, slots, BT=BT, BM=GATE_SLOTS, WHILE_LOOPS=WHILE_LOOPS,
+            num_warps=4)
         if not ctx.has_h0:
             dh0k = dh0v = None
         return dq, dk_, dv_, dg, dh0k, dh0v, None, None, None
-
-
-def _after_chunks(tot, carry, coff, chunk_seq):
-    """Per chunk, the sum of the chunk totals `tot` [NC, H, M] after it in its sequence plus
-    the sequence's `carry` [NS, H, M]: suffix sums over all chunks in float64 (packed
-    sequences share them), less the suffix from the next sequence's first chunk."""
-    suffix = torch.cat([tot.double().flip(0).cumsum(0).flip(0), tot.new_zeros(1, *tot.shape[1:], dtype=torch.float64)])
-    after = suffix[1:] - suffix[coff[chunk_seq + 1]] + carry.double()[chunk_seq]
-    return after.float()
 
 
 def _scan(bufs, gsum, inits, lasts, coff, dims, n_seq, heads, slots, *, reverse):

@@ -524,33 +524,58 @@ def _key_bwd_kernel(
 
 
 @triton.jit
-def _gate_grad_kernel(dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, dg_ptr, tot_ptr, after_ptr, chunk_ptr, H, M,
-                      TOTALS: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):
-    """Log-gate gradient, chunk-parallel in two launches, on chunk i_c, slots
-    [i_m*BM, i_m*BM+BM) of head i_h. With ds = dsk + dsv and s = 1 - exp(g),
-
-        dg_t = -exp(g_t) ds_t + sum_{t' >= t in the sequence} x_t' (+ the final state's share)
-
-    where x_t' = dgate_t' - s_t' ds_t' is the gradient with respect to the cumulative
-    log-gate G_t' = sum of g up to t' (every term of the recurrence carries exp(G_t' - G_j)),
-    so it reaches every g_t with t <= t'. TOTALS: store the chunk's sum of x in
-    tot [NC, H, M]. Else: dg = the direct part + the reverse cumulative sum of x inside the
-    chunk + after [NC, H, M] (what follows the chunk, from the totals, see `chunk.py`).
-    """
-    i_c, i_h, i_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t0 = tl.load(chunk_ptr + 2 * i_c)
-    eos = tl.load(chunk_ptr + 2 * i_c + 1)
-    rows = t0 + tl.arange(0, BT)
-    o_m = i_m * BM + tl.arange(0, BM)
-    m_m = o_m < M
-    m_tm = (rows < eos)[:, None] & m_m[None, :]
+def _gate_grad_load(i_c, dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, bos, eos, i_h, H, M, o_m, BT: tl.constexpr):
+    """For chunk i_c (nothing if i_c < 0): the gradient of the cumulative log-gates,
+    dgate - s ds (query part minus key part), and the direct one -exp(g) ds through
+    s = 1 - exp(g); ds = dsk + dsv."""
+    rows = bos + i_c * BT + tl.arange(0, BT)
+    m_tm = (rows < eos)[:, None] & (o_m < M)[None, :] & (i_c >= 0)
     p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
     ds = tl.load(dsk_ptr + p_tm, mask=m_tm, other=0.0) + tl.load(dsv_ptr + p_tm, mask=m_tm, other=0.0)
     alpha = tl.exp(tl.load(g_ptr + p_tm, mask=m_tm, other=0.0))
-    x = tl.load(dgate_ptr + p_tm, mask=m_tm, other=0.0) - (1.0 - alpha) * ds
-    p_cm = (i_c * H + i_h) * M + o_m
-    if TOTALS:
-        tl.store(tot_ptr + p_cm, tl.sum(x, 0), mask=m_m)
+    return tl.load(dgate_ptr + p_tm, mask=m_tm, other=0.0) - (1.0 - alpha) * ds, -alpha * ds
+
+
+@triton.jit
+def _gate_grad_step(carry, x, dg, i_c, dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, dg_ptr, bos, eos, i_h, H, M, o_m,
+                    BT: tl.constexpr):
+    """dg = direct part (dg) + reverse cumulative sum of the cumulative-gate gradient (x)
+    over chunk i_c, plus what follows it (carry); the previous chunk's tiles are loaded
+    one step ahead."""
+    x_next, dg_next = _gate_grad_load(i_c - 1, dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, bos, eos, i_h, H, M, o_m, BT)
+    rows = bos + i_c * BT + tl.arange(0, BT)
+    m_tm = (rows < eos)[:, None] & (o_m < M)[None, :]
+    tl.store(dg_ptr + (rows[:, None] * H + i_h) * M + o_m[None, :],
+             dg + tl.cumsum(x, 0, reverse=True) + carry[None, :], mask=m_tm)
+    return carry + tl.sum(x, 0), x_next, dg_next
+
+
+@triton.jit
+def _gate_grad_kernel(dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, dg_ptr, carry_ptr, cu_ptr, H, M, BT: tl.constexpr,
+                      BM: tl.constexpr, WHILE_LOOPS: tl.constexpr):
+    """Log-gate gradient dg_t = -exp(g_t) ds_t + carry + sum_{t' >= t in the sequence}
+    (dgate_t' - s_t' ds_t'), for slots [i_m*BM, i_m*BM+BM) of one (sequence, head).
+
+    dgate_t' - s_t' ds_t' is the gradient with respect to the cumulative log-gate
+    G_t' = sum of g up to t' (every term of the recurrence carries exp(G_t' - G_j)), so it
+    reaches every g_t with t <= t' of the same sequence. `carry` [NS, H, M] is the final
+    state's share (the final state is a read at the last row).
+    """
+    i_nh, i_m = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos = tl.load(cu_ptr + i_n)
+    eos = tl.load(cu_ptr + i_n + 1)
+    o_m = i_m * BM + tl.arange(0, BM)
+    carry = tl.load(carry_ptr + i_nh * M + o_m, mask=o_m < M, other=0.0)
+    n_c = tl.cdiv(eos - bos, BT)
+    x, dg = _gate_grad_load(n_c - 1, dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, bos, eos, i_h, H, M, o_m, BT)
+    if WHILE_LOOPS:
+        i_c = n_c - 1
+        while i_c >= 0:
+            carry, x, dg = _gate_grad_step(carry, x, dg, i_c, dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, dg_ptr, bos, eos,
+                                           i_h, H, M, o_m, BT)
+            i_c -= 1
     else:
-        after = tl.load(after_ptr + p_cm, mask=m_m, other=0.0)
-        tl.store(dg_ptr + p_tm, -alpha * ds + tl.cumsum(x, 0, reverse=True) + after[None, :], mask=m_tm)
+        for i in range(0, n_c):
+            carry, x, dg = _gate_grad_step(carry, x, dg, n_c - 1 - i, dgate_ptr, dsk_ptr, dsv_ptr, g_ptr, dg_ptr,
+                                           bos, eos, i_h, H, M, o_m, BT)

@@ -33,9 +33,9 @@ VARIANTS = {
     "base": {},
     "slots_tf32x3": {"PREC_SLOTS": "tf32x3"},
     "values_bf16": {"PREC_VALUES": "bf16"},
-    "scan_narrow": {"SCAN_ROWS": 2},  # 4x more programs in the scans over chunks
-    "state_cols64": {"BD_STATE": 64},  # chunk write / read-gradient programs on 64 state columns
-    "warps4": {"WARPS": {"output": 4, "query": 4, "key": 4}},
+    "scan_narrow": {"SCAN_ROWS": 2, "GATE_SLOTS": 4},  # 4x more programs in the scans over chunks
+    "state_cols32": {"BD_STATE": 32},  # chunk write / read-gradient programs on 32 state columns
+    "warps8": {"WARPS": {"output": 8, "query": 8, "key": 8}},
     "slots_tf32": {"PREC_SLOTS": "tf32"},
     "values_tf32x3": {"PREC_VALUES": "tf32x3"},
 }
