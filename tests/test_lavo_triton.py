@@ -11,13 +11,10 @@ of the reference tensor's max abs, for the output and every gradient.
 
 import pytest
 import torch
-import triton
 
 from lavo_tasks.kernels import LavoDecodeState, lavo_attn, lavo_decode_step
 from lavo_tasks.kernels.lavo import chunk
 from lavo_tasks.kernels.lavo.chunk import DQ_GROUP, chunk_lavo_attn, lavo_chunked
-from lavo_tasks.kernels.lavo.chunk_bwd import DKV_CANDIDATES, lavo_dkv_kernel, lavo_mem_bwd_kernel
-from lavo_tasks.kernels.lavo.chunk_fwd import lavo_fwd_kernel
 from lavo_tasks.kernels.lavo.recurrent import recurrent_lavo_step
 from lavo_tasks.kernels.lavo.reference import reference_lavo_attn
 
@@ -84,41 +81,6 @@ def test_causal_self_padding_many_groups():
     inputs = make_inputs(batch, n, n, 2, 16, 16, 20, True, seed=5)
     mask = random_mask(batch, n, seed=5, keep_first=False)
     check_against_reference(small_chunks, inputs, **options(20, kv_mask=mask))
-
-
-@pytest.mark.parametrize("split", sorted({meta["SPLIT"] for *_, meta in DKV_CANDIDATES}))
-@pytest.mark.parametrize("pattern", ["CS", "CC"])
-def test_every_dkv_query_split(monkeypatch, split, pattern):
-    # the interpreter runs only the first autotuning candidate; the others split the
-    # query blocks of the dkv kernel (dk, dv, and the dq, drho atomics) differently
-    monkeypatch.setattr(lavo_dkv_kernel, "configs", [triton.Config({"SPLIT": split})])
-    n, m = (40, 40) if pattern == "CS" else (60, 35)  # CC: queries past the source share one anchor
-    inputs = make_inputs(1, n, m, 2, 8, 4, 20, True, seed=split)
-    check_against_reference(small_chunks, inputs, **options(20, cross=pattern == "CC"))
-
-
-def test_autotuning_trials_leave_no_trace(monkeypatch):
-    # on a GPU the autotuner runs every candidate a few times on the real buffers before
-    # the chosen one runs; kernels that add into buffers (dq and drho in dkv; dq and the
-    # dv parts of several rank blocks in the memory backward) must then find them as the
-    # caller left them. Here: two candidates per kernel and a stand-in timer that runs
-    # each trial three times (the interpreter cannot time).
-    def timer(trial, quantiles):
-        for _ in range(3):
-            trial()
-        return [1.0, 1.0, 1.0]
-
-    tuned = (lavo_fwd_kernel, lavo_mem_bwd_kernel, lavo_dkv_kernel)
-    for kernel in tuned:
-        first = kernel.configs[0]
-        monkeypatch.setattr(kernel, "configs", [first, triton.Config(dict(first.kwargs), num_warps=8)])
-        monkeypatch.setattr(kernel, "cache", {})
-        monkeypatch.setattr(kernel, "early_config_prune", None)  # fp32 inputs would take one candidate
-        monkeypatch.setitem(kernel.__dict__, "do_bench", timer)
-    monkeypatch.setattr(chunk, "RANK_BLOCK", 4)  # rank 10: 3 blocks
-    inputs = make_inputs(2, 37, 37, 2, 12, 10, 8, True, seed=1)
-    check_against_reference(small_chunks, inputs, **options(8))
-    assert all(len(kernel.configs_timings) == 2 for kernel in tuned)
 
 
 @pytest.mark.parametrize("n", [9, 12])

@@ -25,8 +25,7 @@ import triton
 import triton.language as tl
 
 from .chunk_common import (
-    TUNING, key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, row_ptrs, store_rows,
-    tuning_configs, window_logits,
+    key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, row_ptrs, store_rows, window_logits,
 )
 
 
@@ -78,9 +77,6 @@ def _write_rows(PTR, x, row0, first, ok, h, H, N: tl.constexpr, D: tl.constexpr,
     _write(row_ptrs(PTR, row0, first, h, H, N, BD, D), x, ok[:, None] & (dd < D)[None, :], ADD)
 
 
-# with several rank blocks DQM, DVL and WSUM are added into: each trial starts from zeros
-# (as the caller leaves them), and so does the run after the tuning
-@triton.autotune(tuning_configs([(4, 2, None, {}), (8, 2, None, {})]), reset_to_zero=["DQM", "DVL", "WSUM"], **TUNING)
 @triton.jit
 def lavo_mem_bwd_kernel(
     Q, V, DO, LSE, DELTA, BAS, MU, PRE, CNT, KVM, CHUNKS,
@@ -189,15 +185,6 @@ def _dkv_tile(
     return dk, dv
 
 
-# (warps, stages, maxnreg, SPLIT = query tiles per block of C queries)
-DKV_CANDIDATES = [
-    (4, 2, None, {"SPLIT": 2}), (4, 2, 168, {"SPLIT": 2}), (8, 2, None, {"SPLIT": 2}), (8, 2, None, {"SPLIT": 1}),
-]
-
-
-# DQM (holding the memory's dq) and DRHO (zeros) are added into: the autotuner restores
-# DQM and zeroes DRHO around each trial
-@triton.autotune(tuning_configs(DKV_CANDIDATES), restore_value=["DQM"], reset_to_zero=["DRHO"], **TUNING)
 @triton.jit
 def lavo_dkv_kernel(
     Q, K, V, DO, LSE, DELTA, RHO, KVM, SEGID, CHUNKS, DVL, SUF, DQM, DRHO, DK, DV,

@@ -15,28 +15,6 @@ symmetric window `|t-j| <= HALF` and one memory per segment for the whole sequen
 
 import triton
 import triton.language as tl
-from triton import knobs
-
-
-def tuning_configs(candidates):
-    """Autotuning candidates `(num_warps, num_stages, maxnreg, meta-parameters)` as Triton
-    configs. maxnreg (None: ptxas's choice, up to 255) caps the registers per thread so
-    that more programs share an SM, at the price of spills. The interpreter cannot time
-    kernels, so under it only the first candidate runs."""
-    configs = [
-        triton.Config(meta, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
-        for warps, stages, maxnreg, meta in candidates
-    ]
-    return configs[:1] if knobs.runtime.interpret else configs
-
-
-def tuning_prune(configs, named_args, **kwargs):
-    """fp32 inputs (ieee products) are the exact path, not a speed path: their first
-    candidate runs untimed, which saves the compiles of the others."""
-    return configs[:1] if kwargs["PREC"] == "ieee" else configs
-
-
-TUNING = dict(key=["BD", "C"], prune_configs_by={"early_config_prune": tuning_prune})  # once per shape family
 
 
 @triton.jit

@@ -12,8 +12,7 @@ import triton
 import triton.language as tl
 
 from .chunk_common import (
-    TUNING, key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, store_rows, tuning_configs,
-    window_logits,
+    key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, store_rows, window_logits,
 )
 
 
@@ -40,8 +39,6 @@ def chunk_value_sums_kernel(
             tl.store(SUMS + ((cid * SEG + s) * H + h).to(tl.int64) * D + dd, part, mask=dd < D)
 
 
-# tuned once per (padded head dim, chunk, dtypes), not per length
-@triton.autotune(tuning_configs([(4, 3, None, {}), (4, 3, 168, {}), (8, 3, None, {})]), **TUNING)
 @triton.jit
 def lavo_fwd_kernel(
     Q, K, V, BAS, RHO, MU, PRE, CNT, KVM, O, LSE, CHUNKS,

@@ -1,14 +1,13 @@
-"""Time the LAVO Triton kernels on a GPU: autotuning choices, medians, per-kernel CUDA time.
+"""Time the LAVO Triton kernels on a GPU: medians and per-kernel CUDA time.
 
     python -m lavo_tasks.kernels.lavo.gpu_profile [--out FILE]
 
-Protocol shape (bf16, H=16, d=64, w=128, r=64, 65,536 tokens per step), for chunks of
-64 and of 32 positions: forward and forward+backward medians (`triton.testing.do_bench`)
-at T = 1K and 8K and the time of every autotuning candidate of each kernel (as the
-autotuner measured it on the first call); one profiler table of the kernels of a
-forward+backward at 4K (default chunk); then, if the rest took under WIDE_AFTER_S
-seconds, the medians at head dim 256, rank 256, T = 4K. JSON lines go to FILE as they come; the whole benchmark against SDPA and
-FlexAttention is `python -m lavo_tasks.bench`.
+Protocol shape (bf16, H=16, d=64, w=128, r=64, 65,536 tokens per step): forward and
+forward+backward medians (`triton.testing.do_bench`) at T = 1K and 8K; one profiler
+table of the kernels of a forward+backward at 4K (gradients reset first, so the table
+holds no gradient accumulation); then, if the rest took under WIDE_AFTER_S seconds, the
+medians at head dim 256, rank 256, T = 4K. JSON lines go to FILE as they come; the whole
+benchmark against SDPA and FlexAttention is `python -m lavo_tasks.bench`.
 """
 
 import argparse
@@ -18,13 +17,10 @@ import time
 import torch
 from triton.testing import do_bench
 
-from .chunk import chunk_lavo_attn, lavo_chunked
-from .chunk_bwd import lavo_dkv_kernel, lavo_mem_bwd_kernel
-from .chunk_fwd import lavo_fwd_kernel
+from .chunk import chunk_lavo_attn
 
 HEADS, DIM, WINDOW, RANK, TOKENS = 16, 64, 128, 64, 65536
-WIDE_AFTER_S = 75  # the d = 256 medians (one more family to compile) run only if the rest took less
-TUNED = {"fwd": lavo_fwd_kernel, "mem_bwd": lavo_mem_bwd_kernel, "dkv": lavo_dkv_kernel}
+WIDE_AFTER_S = 75  # the d = 256 medians (more kernels to compile) run only if the rest took less
 
 
 def inputs(T, dim=DIM, rank=RANK):
@@ -36,40 +32,27 @@ def inputs(T, dim=DIM, rank=RANK):
     return [x.requires_grad_() for x in (q, k, v, basis, rel_bias, mem_bias)]
 
 
-def medians(T, dim=DIM, rank=RANK, chunk=None):
-    """fwd and fwd+bwd medians (ms); `chunk` None: the default of `chunk_lavo_attn`."""
+def medians(T, dim=DIM, rank=RANK):
+    """fwd and fwd+bwd medians (ms)."""
     leaves = inputs(T, dim, rank)
-    options = dict(window=WINDOW, causal=True, cross=False, segments=1, scale=None, kv_mask=None, cu_seqlens=None)
-    if chunk is None:
-        fwd = lambda: chunk_lavo_attn(*leaves, window=WINDOW)  # noqa: E731
-    else:
-        fwd = lambda: lavo_chunked(*leaves, chunk=chunk, **options)  # noqa: E731
+    fwd = lambda: chunk_lavo_attn(*leaves, window=WINDOW)  # noqa: E731
 
     def fwd_bwd():
         fwd().float().sum().backward()
 
-    fwd_bwd()  # compiles and autotunes
+    fwd_bwd()  # compiles
     with torch.no_grad():
         fwd_ms = do_bench(fwd, warmup=25, rep=100, return_mode="median")
     both_ms = do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
-    return {"T": T, "dim": dim, "rank": rank, "chunk": chunk or "default", "fwd_ms": fwd_ms, "fwd_bwd_ms": both_ms}
-
-
-def tuning_rows(**shape):
-    """What the autotuner measured for each kernel's candidates (ms, median) at its last tuning."""
-    rows = []
-    for name, kernel in TUNED.items():
-        timings = getattr(kernel, "configs_timings", None) or {}
-        for config, ms in timings.items():
-            chosen = config is kernel.best_config
-            rows.append({"kernel": name, **shape, "config": str(config), "ms": ms[0], "chosen": chosen})
-    return rows
+    return {"T": T, "dim": dim, "rank": rank, "fwd_ms": fwd_ms, "fwd_bwd_ms": both_ms}
 
 
 def kernel_table(T):
     leaves = inputs(T)
     for _ in range(3):
         chunk_lavo_attn(*leaves, window=WINDOW).float().sum().backward()
+    for x in leaves:
+        x.grad = None
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         chunk_lavo_attn(*leaves, window=WINDOW).float().sum().backward()
@@ -88,20 +71,14 @@ def main():
             f.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
 
-        for chunk in (64, 32):
-            for T in (1024, 8192):
-                emit(medians(T, chunk=chunk))
-                if T == 1024:
-                    for row in tuning_rows(dim=DIM, chunk=chunk):
-                        emit(row)
+        for T in (1024, 8192):
+            emit(medians(T))
         print(kernel_table(4096), flush=True)
         elapsed = time.monotonic() - started
         if elapsed > WIDE_AFTER_S:
             print(f"d=256 medians skipped: {elapsed:.0f} s spent (budget of the whole script 120 s)")
             return
         emit(medians(4096, 256, 256))
-        for row in tuning_rows(dim=256):
-            emit(row)
 
 
 if __name__ == "__main__":
