@@ -103,12 +103,12 @@ def test_bf16_noncausal_self_and_odd_head_dim():
     compare(inputs, ref_dtype=torch.float32, metric=rms_rel, tol=5e-3, window=256, causal=False, cross=False)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_bf16_head_dim_256_full_rank(causal):
-    # chunks of 32, four rank blocks of 64 (atomic sums in the memory backward)
+def test_bf16_head_dim_256_full_rank():
+    # chunks of 32, four rank blocks of 64 (atomic sums in the memory backward); causal
+    # only, to keep the compiles few (the noncausal paths are the same code at d = 96)
     window = 128
-    inputs = make_inputs(2, 700, 700, 2, 256, 256, window, causal, torch.bfloat16, seed=256)
-    compare(inputs, ref_dtype=torch.float32, metric=rms_rel, tol=5e-3, window=window, causal=causal, cross=False)
+    inputs = make_inputs(2, 700, 700, 2, 256, 256, window, True, torch.bfloat16, seed=256)
+    compare(inputs, ref_dtype=torch.float32, metric=rms_rel, tol=5e-3, window=window, causal=True, cross=False)
 
 
 def test_128k_forward_backward_runs():
