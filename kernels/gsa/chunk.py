@@ -31,7 +31,9 @@ from .torch_path import read_state
 
 BT = 64  # positions per chunk (a state is kept at every chunk start)
 BC = 16  # positions per sub-chunk (one program of the per-position kernels)
-BD_STATE = 64  # state columns per program of the chunk write / read-gradient kernels (32: +0.65 ms)
+# state columns per program of the chunk write / read-gradient kernels (32: +0.65 ms on
+# the H200 at d=M=64); half that with more than 128 slots
+BD_STATE = 64
 SCAN_ROWS, SCAN_COLS = 8, 64  # state tile per program of the scans over chunks
 GATE_SLOTS = 16  # slots per program of the log-gate gradient's reverse cumulative sum
 # Inside a sub-chunk, pairs (t, j) go through one matrix product with a reference row
@@ -39,8 +41,8 @@ GATE_SLOTS = 16  # slots per program of the log-gate gradient's reverse cumulati
 # the sub-chunk; then the kernels take exp(b_t - b_j) one row at a time (exact, slower).
 SPAN = 30.0
 MAX_DIM = 256  # head dims and slot counts the kernels take
-# head-dim columns per block of the per-sub-chunk kernels' products (half that with more
-# than 128 slots, whose [slots, block] state tiles then stay within shared memory)
+# head-dim columns per block of the per-sub-chunk kernels' products; half that with more
+# than 128 slots
 COL_BLOCK = 64
 # Triton's interpreter (numpy 2) cannot run `for` loops with run-time bounds; the
 # sequential scans then use `while` loops, which the compiler does not software-pipeline.
@@ -97,8 +99,10 @@ class _Config:
 
     def __init__(self, dk, dv, slots, dtype):
         self.BK, self.BV, self.BM = _block(dk), _block(dv), _block(slots)
-        self.BDK, self.BDV = min(self.BK, BD_STATE), min(self.BV, BD_STATE)
-        cols = COL_BLOCK if self.BM <= 128 else COL_BLOCK // 2
+        narrow = self.BM > 128  # tiles [slots, columns] stay within registers / shared memory
+        state_cols = BD_STATE // 2 if narrow else BD_STATE
+        self.BDK, self.BDV = min(self.BK, state_cols), min(self.BV, state_cols)
+        cols = COL_BLOCK // 2 if narrow else COL_BLOCK
         self.DBK, self.DBV = min(self.BK, cols), min(self.BV, cols)
         wide = self.BM * max(self.BK, self.BV) > 64 * 64
         self.warps = {name: 8 if wide else w for name, w in WARPS.items()}
