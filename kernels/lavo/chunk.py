@@ -29,16 +29,15 @@ DQ_GROUP = 8  # query chunks per program of the memory backward (one dB partial 
 DELTA_TILE = 4096  # elements of o per program of the Delta kernel
 RANK_BLOCK = 64  # basis rows per step of the memory loops
 MAX_HEAD_DIM = 256
-# launch settings, from the H200 run of 2026-11-30 12:45 (bf16, H=16, 65,536 tokens, ms per
-# kernel at d=64 / d=256): 4 warps beat 8 by 1.5-1.7x at d=64 in all three kernels and
-# were within 6% at d=256; ptxas's own register count beat a cap of 168; dkv: query tiles
-# of C/2 rows (SPLIT 2) beat whole blocks
+# launch settings, from the H200 run of 2026-11-30 12:45 (bf16, H=16, 65,536 tokens; see
+# NOTES.md): 4 warps beat 8 by 1.5-1.7x at d=64 in all three kernels and were within 6% at
+# d=256; ptxas's own register count beat a cap of 168; dkv: query tiles of C/2 rows
+# (SPLIT 2) beat whole blocks
 LAUNCH = {
     "fwd": dict(num_warps=4, num_stages=3),
     "mem_bwd": dict(num_warps=4, num_stages=2),
     "dkv": dict(num_warps=4, num_stages=2, SPLIT=2),
 }
-
 
 
 def chunk_lavo_attn(
