@@ -31,6 +31,7 @@ HEADS, DIM, SLOTS, TOKENS = 16, 64, 64, 65536
 # settings of `chunk` to compare against its defaults ("base")
 VARIANTS = {
     "base": {},
+    "warps2": {"WARPS": {"output": 2, "query": 2, "key": 2}},
     "slots_tf32x3": {"PREC_SLOTS": "tf32x3"},
     "values_bf16": {"PREC_VALUES": "bf16"},
     "scan_narrow": {"SCAN_ROWS": 2, "GATE_SLOTS": 4},  # 4x more programs in the scans over chunks
