@@ -20,7 +20,7 @@ import math
 import torch
 import triton
 
-from .chunk_bwd import lavo_delta_kernel, lavo_dkv_kernel, lavo_mem_bwd_kernel
+from .chunk_bwd import lavo_delta_kernel, lavo_dkv_kernel, lavo_mem_bwd_kernel, lavo_mem_sums_kernel
 from .chunk_fwd import chunk_value_sums_kernel, lavo_fwd_kernel
 
 CHUNK = 64  # positions per chunk: query block = key block = memory chunk
@@ -37,6 +37,7 @@ LAUNCH = {
     "fwd": dict(num_warps=4, num_stages=3),
     "mem_bwd": dict(num_warps=4, num_stages=2),
     "dkv": dict(num_warps=4, num_stages=2, SPLIT=2),
+    "mem_sums": dict(num_warps=8, num_stages=2),  # [C, d] fp32 sums of up to d=256 on chip; not timed
 }
 
 
@@ -232,8 +233,7 @@ class _LavoChunkFn(torch.autograd.Function):
         groups = math.ceil(nq / DQ_GROUP)
         f32 = dict(dtype=torch.float32, device=qf.device)
         nrb = meta["NRB"]
-        summed = torch.zeros if nrb > 1 else torch.empty  # rank blocks add into these
-        dq_mem = summed(qf.shape, **f32)
+        dq_mem = torch.empty(qf.shape, **f32)
         delta = torch.empty_like(lse)  # [rows, H]
         block = DELTA_TILE // meta["BD"]  # (row, head) pairs per program
         lavo_delta_kernel[(triton.cdiv(delta.numel(), block),)](
@@ -241,14 +241,19 @@ class _LavoChunkFn(torch.autograd.Function):
         )
         db_part = torch.empty(groups, heads, rank, d, **f32)
         dmu_part = torch.empty(groups, nrb, heads, segments, **f32)
-        dvl = (torch.zeros if m > n else summed)(vf.shape, **f32)
-        wsum = summed(nq, segments, heads, d, **f32)
+        dvl = (torch.zeros if m > n else torch.empty)(vf.shape, **f32)
+        wsum = torch.empty(nq, segments, heads, d, **f32)
         common = _pick(meta, ("D", "BD", "RB", "NRB", "C", "NS", "HAS_MASK", "QMASK", "PREC"))
         lavo_mem_bwd_kernel[(groups, heads, nrb)](
             qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, db_part, dmu_part, dvl, wsum,
             heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),
             **common, **LAUNCH["mem_bwd"],
         )
+        if nrb > 1:  # the sums over the rank blocks: memory dq, value-gradient parts
+            lavo_mem_sums_kernel[(groups, heads)](
+                qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, dvl, wsum,
+                heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, **common, **LAUNCH["mem_sums"],
+            )
         drho = torch.zeros_like(rho)
         suf = _range_sums(wsum, layout.suf_hi, layout.suf_lo)  # [key chunks, S, H, d]
         # CC, target longer than the source: query blocks past the source (a power of 2,

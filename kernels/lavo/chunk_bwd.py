@@ -61,20 +61,28 @@ def lavo_delta_kernel(O, DO, DELTA, n_rows, D: tl.constexpr, BD: tl.constexpr, B
 
 
 @triton.jit
-def _write(ptrs, x, mask, ADD: tl.constexpr):
-    """Store x, or add it atomically where several programs write the same place."""
-    if ADD:
-        tl.atomic_add(ptrs, x, mask=mask, sem="relaxed")
-    else:
-        tl.store(ptrs, x, mask=mask)
+def _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R: tl.constexpr):
+    """Per query and memory slot of one rank block ([C, RB] each): the slot weight pm,
+    de (d loss / d logit), dg (d loss / d (B q)) and dh (d loss / d (B vbar))."""
+    e = (scale * hm * g + mu) * 1.4426950408889634
+    pm = tl.where((rr < R)[None, :] & t_ok[:, None], tl.exp2(e - lse[:, None]), 0.0)
+    de = pm * (hm * u - delta[:, None])
+    return pm, de, scale * de * hm, scale * de * g + pm * u
 
 
 @triton.jit
-def _write_rows(PTR, x, row0, first, ok, h, H, N: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, ADD: tl.constexpr):
-    """Rows `row0 + first ..` (N of them) of head `h` of a `[rows, H, D]` fp32 tensor:
-    store or add x [N, BD]."""
+def _store_value_grads(
+    WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, first, t, m, h, H,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr,
+):
+    """The memory's value gradient of a query chunk, dvbar [C, BD] (per query), spread
+    over the memory sets: wv = dvbar / count; WSUM[chunk, seg] = sum of wv, and, causal,
+    DVL[j] = sum over the chunk's queries t >= j of wv[t] (keys j at the rows of t)."""
     dd = tl.arange(0, BD)
-    _write(row_ptrs(PTR, row0, first, h, H, N, BD, D), x, ok[:, None] & (dd < D)[None, :], ADD)
+    wv = tl.where((cnt > 0)[:, None], dvbar / tl.maximum(cnt, 1.0)[:, None], 0.0)
+    tl.store(WSUM + ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), mask=dd < D)
+    if not NS:
+        store_rows(DVL, tl.cumsum(wv, 0, reverse=True), kv_row0, first, t < m, h, H, C, D, BD)
 
 
 @triton.jit
@@ -87,15 +95,15 @@ def lavo_mem_bwd_kernel(
     QMASK: tl.constexpr, PREC: tl.constexpr,
 ):
     """The memory's backward, one program per GROUP query chunks, head and block of RB
-    basis rows: the memory part of dq (fp32, DQM), the group's dB rows and dmu
-    partial sums (dmu per segment, BS >= SEG slots), and the parts of the reverse
-    cumulative sum (DVL per key row in the chunk, causal; WSUM per chunk and segment).
-
-    Given the saved log-sum-exp and Delta, each slot's gradient is independent of the
-    other slots, so the NRB rank blocks run in parallel; with NRB > 1 their sums into DQM,
-    DVL and WSUM are fp32 atomic adds (the caller zeroes those buffers)."""
+    basis rows: the group's dB rows and dmu partial sums (dmu per segment, BS >= SEG
+    slots); with one rank block (NRB = 1) also the memory part of dq (fp32, DQM) and the
+    parts of the reverse cumulative sum (DVL per key row in the chunk, causal; WSUM per
+    chunk and segment). Given the saved log-sum-exp and Delta, each slot's gradient is
+    independent of the other slots, so the rank blocks run in parallel; their sums over
+    the blocks (dq, dvbar) come from `lavo_mem_sums_kernel` when NRB > 1 (summing them
+    here took fp32 atomics of NRB times the bytes: 21 ms at d = 256 on an H200)."""
     DT: tl.constexpr = Q.dtype.element_ty
-    ADD: tl.constexpr = NRB > 1
+    SUMS: tl.constexpr = NRB == 1
     gid = tl.program_id(0)
     h = tl.program_id(1)
     rb = tl.program_id(2)
@@ -125,26 +133,68 @@ def lavo_mem_bwd_kernel(
                     V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK
                 )
                 hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, RB]
-                e = (scale * hm * g + tl.load(MU + h * SEG + seg)) * 1.4426950408889634
-                pm = tl.where((rr < R)[None, :] & t_ok[:, None], tl.exp2(e - lse[:, None]), 0.0)
-                de = pm * (hm * u - delta[:, None])
+                mu = tl.load(MU + h * SEG + seg)
+                pm, de, dg_seg, dh = _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R)
                 dmu_acc += tl.where(segs == seg, tl.sum(tl.sum(de, 1), 0), 0.0)
-                dg += scale * de * hm
-                dh = scale * de * g + pm * u
+                dg += dg_seg
                 db_acc += mem_dot(tl.trans(pm * hm), do, DT, PREC)
                 db_acc += mem_dot(tl.trans(dh), vbar, DT, PREC)
-                dvbar = mem_dot(dh, basis, DT, PREC)  # [C, BD], this block's part
-                wv = tl.where((cnt > 0)[:, None], dvbar / tl.maximum(cnt, 1.0)[:, None], 0.0)
-                _write(WSUM + ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), dd < D, ADD)
-                if not NS:
-                    # in-chunk reverse cumulative sum: dvl[j] = sum over t >= j of wv[t] (rows j = t)
-                    _write_rows(DVL, tl.cumsum(wv, 0, reverse=True), kv_row0, c * C, t < m, h, H, C, D, BD, ADD)
-            _write_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, c * C, t < n, h, H, C, D, BD, ADD)
+                if SUMS:
+                    dvbar = mem_dot(dh, basis, DT, PREC)  # [C, BD]
+                    _store_value_grads(WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS)
+            if SUMS:
+                store_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, c * C, t < n, h, H, C, D, BD)
             db_acc += mem_dot(tl.trans(dg), q, DT, PREC)
 
     db_offs = ((gid * H + h) * R + rr)[:, None].to(tl.int64) * D + dd[None, :]
     tl.store(DB_PART + db_offs, db_acc, mask=(rr < R)[:, None] & (dd < D)[None, :])
     tl.store(DMU_PART + ((gid * NRB + rb) * H + h) * SEG + segs, dmu_acc, mask=segs < SEG)
+
+
+@triton.jit
+def lavo_mem_sums_kernel(
+    Q, V, DO, LSE, DELTA, BAS, MU, PRE, CNT, KVM, CHUNKS, DQM, DVL, WSUM,
+    H, n_chunks, scale,
+    D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
+    GROUP: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """With several rank blocks: the memory's dq (DQM) and value-gradient parts (DVL,
+    WSUM), summed over the NRB blocks on chip; one program per GROUP query chunks and
+    head (the slot math of `lavo_mem_bwd_kernel`, which then skips these sums)."""
+    DT: tl.constexpr = Q.dtype.element_ty
+    gid = tl.program_id(0)
+    h = tl.program_id(1)
+    for i in range(GROUP):
+        cid = gid * GROUP + i
+        if cid < n_chunks:
+            q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
+            t = c * C + tl.arange(0, C)
+            t_ok = t < n
+            if QMASK:
+                t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
+            tt = tl.minimum(t, m - 1)
+            do = load_rows(DO, q_row0, c * C, t_ok, h, H, C, D, BD)
+            delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
+            lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
+            q = load_rows(Q, q_row0, c * C, t_ok, h, H, C, D, BD)
+            dq = tl.zeros([C, BD], tl.float32)
+            for seg in range(SEG):
+                vbar, cnt = memory_mean(
+                    V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK
+                )
+                mu = tl.load(MU + h * SEG + seg)
+                dvbar = tl.zeros([C, BD], tl.float32)
+                for rb in range(NRB):
+                    basis, rr = load_basis(BAS, h, rb * RB, R, D, RB, BD)  # [RB, BD]
+                    g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
+                    u = mem_dot(do, tl.trans(basis), DT, PREC)
+                    hm = mem_dot(vbar, tl.trans(basis), DT, PREC)
+                    pm, de, dg, dh = _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R)
+                    dq += mem_dot(dg, basis, DT, PREC)
+                    dvbar += mem_dot(dh, basis, DT, PREC)
+                _store_value_grads(WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS)
+            store_rows(DQM, dq, q_row0, c * C, t < n, h, H, C, D, BD)
 
 
 @triton.jit
