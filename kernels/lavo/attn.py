@@ -20,7 +20,7 @@ def lavo_attn(
     in q's dtype. Raises ValueError for a bad argument.
 
     backend: "auto" (Triton on CUDA tensors, PyTorch otherwise, and for what the kernels
-    do not cover: float64, head dim > 128), "triton" or "torch".
+    do not cover: float64, head dim > 256), "triton" or "torch".
     """
     check_lavo_args(
         q, k, v, basis, rel_bias, mem_bias, window=window, causal=causal, cross=cross, segments=segments,
