@@ -86,6 +86,27 @@ def _store_value_grads(
 
 
 @triton.jit
+def _memory_bwd_rows(
+    Q, DO, LSE, DELTA, KVM, CHUNKS, cid, h, H,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QMASK: tl.constexpr,
+):
+    """What both memory-backward kernels read of query chunk `cid`: its table row, the
+    positions t (anchored tt), which of them carry a gradient (t_ok: a padded query has
+    no output, so none flows from it), and q, dO, lse, Delta of those rows."""
+    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
+    t = c * C + tl.arange(0, C)
+    t_ok = t < n
+    if QMASK:
+        t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
+    tt = tl.minimum(t, m - 1)
+    do = load_rows(DO, q_row0, c * C, t_ok, h, H, C, D, BD)
+    delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
+    lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
+    q = load_rows(Q, q_row0, c * C, t_ok, h, H, C, D, BD)
+    return q_row0, n, kv_row0, m, c, t, t_ok, tt, q, do, lse, delta
+
+
+@triton.jit
 def lavo_mem_bwd_kernel(
     Q, V, DO, LSE, DELTA, BAS, MU, PRE, CNT, KVM, CHUNKS,
     DQM, DB_PART, DMU_PART, DVL, WSUM,
@@ -115,16 +136,9 @@ def lavo_mem_bwd_kernel(
     for i in range(GROUP):
         cid = gid * GROUP + i
         if cid < n_chunks:
-            q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
-            t = c * C + tl.arange(0, C)
-            t_ok = t < n
-            if QMASK:  # a padded query has no output, so no gradient flows from it
-                t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
-            tt = tl.minimum(t, m - 1)
-            do = load_rows(DO, q_row0, c * C, t_ok, h, H, C, D, BD)
-            delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
-            lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
-            q = load_rows(Q, q_row0, c * C, t_ok, h, H, C, D, BD)
+            q_row0, n, kv_row0, m, c, t, t_ok, tt, q, do, lse, delta = _memory_bwd_rows(
+                Q, DO, LSE, DELTA, KVM, CHUNKS, cid, h, H, D, BD, C, QMASK
+            )
             g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
             u = mem_dot(do, tl.trans(basis), DT, PREC)  # [C, RB]
             dg = tl.zeros([C, RB], tl.float32)
@@ -168,16 +182,9 @@ def lavo_mem_sums_kernel(
     for i in range(GROUP):
         cid = gid * GROUP + i
         if cid < n_chunks:
-            q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
-            t = c * C + tl.arange(0, C)
-            t_ok = t < n
-            if QMASK:
-                t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
-            tt = tl.minimum(t, m - 1)
-            do = load_rows(DO, q_row0, c * C, t_ok, h, H, C, D, BD)
-            delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
-            lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
-            q = load_rows(Q, q_row0, c * C, t_ok, h, H, C, D, BD)
+            q_row0, n, kv_row0, m, c, t, t_ok, tt, q, do, lse, delta = _memory_bwd_rows(
+                Q, DO, LSE, DELTA, KVM, CHUNKS, cid, h, H, D, BD, C, QMASK
+            )
             dq = tl.zeros([C, BD], tl.float32)
             for seg in range(SEG):
                 vbar, cnt = memory_mean(
