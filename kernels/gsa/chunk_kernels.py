@@ -67,6 +67,20 @@ def _dot(a, b, PREC: tl.constexpr):
 
 
 @triton.jit
+def _chunk_slot_tile(chunk_ptr, i_c, i_h, H, M, BT: tl.constexpr, BM: tl.constexpr):
+    """Chunk i_c's rows (table entry: first row, end of its sequence) and the offsets of
+    their [BT, BM] tile of a [N, H, M] tensor, head i_h:
+    (rows, row mask, slot offsets, slot mask, tile mask, tile offsets)."""
+    t0 = tl.load(chunk_ptr + 2 * i_c)
+    eos = tl.load(chunk_ptr + 2 * i_c + 1)
+    rows = t0 + tl.arange(0, BT)
+    o_m = tl.arange(0, BM)
+    m_t = rows < eos
+    m_m = o_m < M
+    return rows, m_t, o_m, m_m, m_t[:, None] & m_m[None, :], (rows[:, None] * H + i_h) * M + o_m[None, :]
+
+
+@triton.jit
 def _chunk_write_kernel(
     x_ptr, g_ptr, b_ptr, gsum_ptr, out_ptr, chunk_ptr, H, M, D,
     WRITE_B: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
@@ -78,15 +92,7 @@ def _chunk_write_kernel(
     chunk-local cumulative sums b of g and G_c (gsum [NC, H, M]).
     """
     i_c, i_h, i_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t0 = tl.load(chunk_ptr + 2 * i_c)
-    eos = tl.load(chunk_ptr + 2 * i_c + 1)
-    rows = t0 + tl.arange(0, BT)
-    o_m = tl.arange(0, BM)
-    o_d = i_d * BD + tl.arange(0, BD)
-    m_t = rows < eos
-    m_m = o_m < M
-    m_tm = m_t[:, None] & m_m[None, :]
-    p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
+    rows, m_t, o_m, m_m, m_tm, p_tm = _chunk_slot_tile(chunk_ptr, i_c, i_h, H, M, BT, BM)
     g = tl.load(g_ptr + p_tm, mask=m_tm, other=0.0)
     b = tl.cumsum(g, 0)  # [BT, BM]; rows past the end add 0
     g_last = tl.sum(g, 0)  # [BM] = b at the chunk's last row
@@ -95,11 +101,8 @@ def _chunk_write_kernel(
             tl.store(b_ptr + p_tm, b, mask=m_tm)
             tl.store(gsum_ptr + (i_c * H + i_h) * M + o_m, g_last, mask=m_m)
     w = (1.0 - tl.exp(g)) * tl.exp(g_last[None, :] - b)  # [BT, BM], s_j decayed to the chunk end
-    x = tl.load(x_ptr + (rows[:, None] * H + i_h) * D + o_d[None, :],
-                mask=m_t[:, None] & (o_d < D)[None, :], other=0.0).to(tl.float32)
-    out = _dot(tl.trans(w), x, PREC)
-    tl.store(out_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * D + o_d[None, :], out,
-             mask=m_m[:, None] & (o_d < D)[None, :])
+    x = _load_cols(x_ptr, rows, m_t, i_h, H, D, i_d * BD, BD)
+    _store_state(out_ptr, _dot(tl.trans(w), x, PREC), i_c, i_h, H, M, D, i_d * BD, BM, BD)
 
 
 @triton.jit
@@ -110,21 +113,10 @@ def _chunk_read_grad_kernel(
     """Gradient of chunk c's start state from the chunk's own reads, columns of one head:
     out[c] = scale * (w_c * exp(b_c))^T x_c [M, D]; (w, x) is (dz, q) for K~, (p, do) for V~."""
     i_c, i_h, i_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t0 = tl.load(chunk_ptr + 2 * i_c)
-    eos = tl.load(chunk_ptr + 2 * i_c + 1)
-    rows = t0 + tl.arange(0, BT)
-    o_m = tl.arange(0, BM)
-    o_d = i_d * BD + tl.arange(0, BD)
-    m_t = rows < eos
-    m_m = o_m < M
-    m_tm = m_t[:, None] & m_m[None, :]
-    p_tm = (rows[:, None] * H + i_h) * M + o_m[None, :]
+    rows, m_t, o_m, m_m, m_tm, p_tm = _chunk_slot_tile(chunk_ptr, i_c, i_h, H, M, BT, BM)
     w = tl.load(w_ptr + p_tm, mask=m_tm, other=0.0) * tl.exp(tl.load(b_ptr + p_tm, mask=m_tm, other=0.0))
-    x = tl.load(x_ptr + (rows[:, None] * H + i_h) * D + o_d[None, :],
-                mask=m_t[:, None] & (o_d < D)[None, :], other=0.0).to(tl.float32)
-    out = scale * _dot(tl.trans(w), x, PREC)
-    tl.store(out_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * D + o_d[None, :], out,
-             mask=m_m[:, None] & (o_d < D)[None, :])
+    x = _load_cols(x_ptr, rows, m_t, i_h, H, D, i_d * BD, BD)
+    _store_state(out_ptr, scale * _dot(tl.trans(w), x, PREC), i_c, i_h, H, M, D, i_d * BD, BM, BD)
 
 
 @triton.jit
@@ -221,6 +213,16 @@ def _load_state(s_ptr, i_c, i_h, H, M, D, d0, BM: tl.constexpr, DB: tl.constexpr
     o_d = d0 + tl.arange(0, DB)
     return tl.load(s_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * D + o_d[None, :],
                    mask=(o_m < M)[:, None] & (o_d < D)[None, :], other=0.0)
+
+
+@triton.jit
+def _store_state(s_ptr, x, i_c, i_h, H, M, D, d0, BM: tl.constexpr, DB: tl.constexpr):
+    """Store x [BM, DB] as columns [d0, d0+DB) of the fp32 [M, D] state block of chunk
+    i_c, head i_h (the layout `_load_state` reads)."""
+    o_m = tl.arange(0, BM)
+    o_d = d0 + tl.arange(0, DB)
+    tl.store(s_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * D + o_d[None, :], x,
+             mask=(o_m < M)[:, None] & (o_d < D)[None, :])
 
 
 @triton.jit
