@@ -226,6 +226,14 @@ def _store_state(s_ptr, x, i_c, i_h, H, M, D, d0, BM: tl.constexpr, DB: tl.const
 
 
 @triton.jit
+def _subchunk_gates(g_ptr, b_ptr, rows_j, o_m, m_m, i_h, H, M):
+    """Log gates g and their chunk-local cumulative sums b of the rows j of an earlier
+    sub-chunk (all valid) -> two [BC, BM] tiles."""
+    p_jm = (rows_j[:, None] * H + i_h) * M + o_m[None, :]
+    return tl.load(g_ptr + p_jm, mask=m_m[None, :], other=0.0), tl.load(b_ptr + p_jm, mask=m_m[None, :], other=0.0)
+
+
+@triton.jit
 def _diagonal_span(b_i, b_r):
     """min over a sub-chunk's rows and slots of b_t - b_r (<= 0): how far its gates decay."""
     return tl.min(tl.min(b_i - b_r[None, :], 1), 0)
@@ -281,9 +289,7 @@ def _read_slots(x_ptr, y_ptr, s_ptr, g_ptr, b_ptr, b_i, r, c0, i_c, eos, i_h, H,
         j0 = c0 + jj * BC
         if j0 < r:
             rows_j = j0 + o_c
-            p_jm = (rows_j[:, None] * H + i_h) * M + o_m[None, :]
-            g_j = tl.load(g_ptr + p_jm, mask=m_m[None, :], other=0.0)
-            b_j = tl.load(b_ptr + p_jm, mask=m_m[None, :], other=0.0)
+            g_j, b_j = _subchunk_gates(g_ptr, b_ptr, rows_j, o_m, m_m, i_h, H, M)
             a = _row_dots(x_ptr, rows, m_t, y_ptr, rows_j, rows_j < eos, i_h, H, D, BD, DB, PREC)  # [BC, BC]
             w = (1.0 - tl.exp(g_j)) * tl.exp(b_r[None, :] - b_j)
             acc += _dot(a, w, PREC)
@@ -337,9 +343,7 @@ def _read_values(w_i, y_ptr, s_ptr, out_ptr, out_scale, g_ptr, b_ptr, b_i, r, c0
             j0 = c0 + jj * BC
             if j0 < r:
                 rows_j = j0 + o_c
-                p_jm = (rows_j[:, None] * H + i_h) * M + o_m[None, :]
-                g_j = tl.load(g_ptr + p_jm, mask=m_m[None, :], other=0.0)
-                b_j = tl.load(b_ptr + p_jm, mask=m_m[None, :], other=0.0)
+                g_j, b_j = _subchunk_gates(g_ptr, b_ptr, rows_j, o_m, m_m, i_h, H, M)
                 key = (1.0 - tl.exp(g_j)) * tl.exp(b_r[None, :] - b_j)
                 a = _dot(w_r, tl.trans(key), PREC)  # [BC, BC]
                 out += _dot(a, _load_cols(y_ptr, rows_j, rows_j < eos, i_h, H, D, d0, DB), PREC)
