@@ -214,7 +214,7 @@ class _LavoChunkFn(torch.autograd.Function):
         lse = torch.empty(qf.shape[0], heads, dtype=torch.float32, device=q.device)
         lavo_fwd_kernel[(len(layout.qchunks), heads)](
             qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, layout.qchunks,
-            heads, rho.shape[1], scale, R=rank, SEG=segments, **_pick(meta, _Q_META), **LAUNCH["fwd"],
+            heads, rho.shape[1], scale, R=rank, SEG=segments, **_pick(meta, _FWD_META), **LAUNCH["fwd"],
         )
         ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm, segid)
         ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, scale, window, segments)
@@ -280,7 +280,7 @@ class _LavoChunkFn(torch.autograd.Function):
 
 
 # compile-time arguments of the forward kernel
-_Q_META = ("D", "BD", "RB", "NRB", "C", "WINDOW", "NKB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
+_FWD_META = ("D", "BD", "RB", "NRB", "C", "WINDOW", "NKB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
 _DKV_META = ("D", "BD", "C", "WINDOW", "NQB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
 
 
