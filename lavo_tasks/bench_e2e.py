@@ -49,8 +49,8 @@ def training_throughput(model: LanguageModel, T: int, steps: int, tokens_per_ste
     batch = max(1, tokens_per_step // T)
     tokens = torch.randint(VOCAB, (batch, T + 1), device=device)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    fused = device.type == "cuda"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+    on_gpu = device.type == "cuda"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=on_gpu)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
 
     def step():
@@ -64,19 +64,19 @@ def training_throughput(model: LanguageModel, T: int, steps: int, tokens_per_ste
 
     for _ in range(WARMUP_STEPS):
         step()
-    if fused:
+    if on_gpu:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for _ in range(steps):
         loss = step()
     loss = float(loss)  # waits for the last step
-    if fused:
+    if on_gpu:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     row = {"B": batch, "T": T, "tokens_per_s": steps * batch * T / seconds, "step_ms": seconds / steps * 1e3,
            "loss": loss}
-    if fused:
+    if on_gpu:
         row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return row
 
