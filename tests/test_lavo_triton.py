@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lavo_tasks.kernels import LavoDecodeState, lavo_attn, lavo_decode_step
-from lavo_tasks.kernels.lavo import chunk
+from lavo_tasks.kernels.lavo import chunk, chunk_scan
 from lavo_tasks.kernels.lavo.chunk import DQ_GROUP, chunk_lavo_attn, lavo_chunked
 from lavo_tasks.kernels.lavo.recurrent import recurrent_lavo_step
 from lavo_tasks.kernels.lavo.reference import reference_lavo_attn
@@ -230,3 +230,60 @@ def test_decode_steps_match_the_whole_sequence(window):
     torch.testing.assert_close(triton_state.mem_sum, torch_state.mem_sum, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(triton_state.keys, torch_state.keys, rtol=0, atol=0)
     torch.testing.assert_close(triton_state.values, torch_state.values, rtol=0, atol=0)
+
+
+def test_chunk_range_sums_match_loops(monkeypatch):
+    # the cross-chunk scans of chunk_scan.py against sums written out per chunk; tiles of 4
+    # chunks, so that the 11-chunk sequence spans three and its carry crosses tiles; a
+    # sequence with more query than key chunks, one with more key chunks, one empty
+    monkeypatch.setattr(chunk_scan, "SCAN_ROWS", 4)
+    spans = [(0, 11, 0, 11), (11, 6, 11, 2), (17, 1, 13, 9), (18, 0, 22, 3)]  # (q first, q chunks, k first, k chunks)
+    seqs = torch.tensor(spans, dtype=torch.int32)
+    g = torch.Generator().manual_seed(4)
+    q_totals, k_totals = torch.randn(18, 2, 3, 5, generator=g), torch.randn(25, 2, 3, 5, generator=g)
+    for suffix in (False, True):
+        for total in (False, True):
+            totals, out_rows = (q_totals, 25) if suffix else (k_totals, 18)
+            got = chunk_scan.chunk_range_sums(totals, seqs, out_rows, 11, suffix=suffix, total=total)
+            want = torch.zeros(out_rows, 2, 3, 5, dtype=torch.float64)
+            for q_first, nq, k_first, nk in spans:
+                in_first, n_in, out_first, n_out = (q_first, nq, k_first, nk) if suffix else (k_first, nk, q_first, nq)
+                for c in range(n_out):
+                    if total:
+                        lo, hi = 0, n_in
+                    elif suffix:  # the query chunks after key chunk c
+                        lo, hi = min(c + 1, n_in), n_in
+                    else:  # the key chunks before query chunk c
+                        lo, hi = 0, min(c, n_in)
+                    want[out_first + c] = totals[in_first + lo : in_first + hi].double().sum(0)
+            err = (got.double() - want).abs().max() / want.abs().max()
+            assert err <= 1e-6, f"suffix={suffix} total={total}: relative max error {err:.2e}"
+
+
+VARIANT_CASES = {  # pattern -> (batch, n, m, window, causal, cross, masked, packed)
+    "CS packed": (1, 40, 40, 6, True, False, False, True),
+    "CC target longer": (1, 45, 30, 6, True, True, False, False),
+    "CC source longer, masked": (1, 20, 45, 6, True, True, True, False),
+    "NS masked": (2, 40, 40, 8, False, False, True, False),
+}
+
+
+@pytest.mark.parametrize("case", list(VARIANT_CASES))
+@pytest.mark.parametrize("setting, value", [("range_sums", "triton")])
+def test_selectable_paths(monkeypatch, setting, value, case):
+    # the alternatives gpu_profile --variants times, each against the reference
+    monkeypatch.setitem(chunk.PATHS, setting, value)
+    batch, n, m, window, causal, cross, masked, packed = VARIANT_CASES[case]
+    inputs = make_inputs(batch, n, m, 2, 8, 4, window, causal, seed=n + m)
+    mask = random_mask(batch, m, seed=n, keep_first=True) if masked else None
+    cu_seqlens = torch.tensor([0, 9, 21, 40], dtype=torch.int32) if packed else None
+    opts = options(window, causal=causal, cross=cross, kv_mask=mask, cu_seqlens=cu_seqlens)
+    check_against_reference(small_chunks, inputs, **opts)
+
+
+def test_selectable_paths_noncausal_segments(monkeypatch):
+    # NC with two segment memories through the Triton range sums (the totals of each sequence)
+    monkeypatch.setitem(chunk.PATHS, "range_sums", "triton")
+    q, k, v, basis, _, _ = make_inputs(2, 30, 37, 2, 8, 4, 4, False, seed=30)
+    opts = {**options(4, causal=False, cross=True, kv_mask=random_mask(2, 37, seed=2, keep_first=False)), "segments": 2}
+    check_against_reference(small_chunks, [q, k, v, basis, None, torch.randn(2, 2)], compared=("q", "v", "basis", "mem_bias"), **opts)

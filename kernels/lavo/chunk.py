@@ -22,6 +22,7 @@ import triton
 
 from .chunk_bwd import lavo_delta_kernel, lavo_dkv_kernel, lavo_mem_bwd_kernel, lavo_mem_sums_kernel
 from .chunk_fwd import chunk_value_sums_kernel, lavo_fwd_kernel
+from .chunk_scan import chunk_range_sums
 
 CHUNK = 64  # positions per chunk: query block = key block = memory chunk
 WIDE_CHUNK = 32  # the chunk for head dims over 128, so that [chunk, dim] tiles fit in registers
@@ -39,6 +40,10 @@ LAUNCH = {
     "dkv": dict(num_warps=4, num_stages=2, SPLIT=2),
     "mem_sums": dict(num_warps=8, num_stages=2),  # [C, d] fp32 sums of up to d=256 on chip; timed only in totals
 }
+# how the cross-chunk sums run (not launch settings; gpu_profile --variants times the
+# alternatives): "range_sums" "torch" (float64 prefix and gathers, several PyTorch
+# launches per call) or "triton" (chunk_scan.py, one launch)
+PATHS = {"range_sums": "torch"}
 
 
 def chunk_lavo_attn(
@@ -80,7 +85,9 @@ class _Layout:
     Rows of a chunk table: (q_row0, n, kv_row0, m, c) int32. `pre_hi/pre_lo` pick, per
     query chunk, the prefix-sum entries whose difference is the value sum it needs;
     `suf_hi/suf_lo` pick, per key chunk, the query chunks after it (all, noncausal).
-    `qseq`: each query chunk's sequence (an index into all sequences, empty ones too)."""
+    `qseq`: each query chunk's sequence (an index into all sequences, empty ones too).
+    `seqs`: per sequence, (first query chunk, query chunks, first key chunk, key chunks)
+    int32, the table of chunk_scan.py."""
 
     def __init__(self, batch, n, m, cu_seqlens, chunk, noncausal, device):
         if cu_seqlens is None:
@@ -88,10 +95,11 @@ class _Layout:
         else:
             bounds = cu_seqlens.tolist()
             seqs = [(i, s, e - s, s, e - s) for i, (s, e) in enumerate(zip(bounds, bounds[1:])) if e > s]
-        qrows, krows, pre_hi, pre_lo, suf_hi, suf_lo, qseq = [], [], [], [], [], [], []
+        qrows, krows, pre_hi, pre_lo, suf_hi, suf_lo, qseq, spans = [], [], [], [], [], [], [], []
         for i, q0, ns, k0, ms in seqs:
             nqc, nkc = math.ceil(ns / chunk), math.ceil(ms / chunk)
             qfirst, kfirst = len(qrows), len(krows)
+            spans.append((qfirst, nqc, kfirst, nkc))
             for c in range(nqc):
                 qrows.append((q0, ns, k0, ms, c))
                 qseq.append(i)
@@ -102,7 +110,9 @@ class _Layout:
                 suf_lo.append(qfirst + (0 if noncausal else min(c + 1, nqc)))
                 suf_hi.append(qfirst + nqc)
         as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=device).reshape(len(x), -1)
-        self.qchunks, self.kchunks = as_tensor(qrows), as_tensor(krows)
+        self.qchunks, self.kchunks, self.seqs = as_tensor(qrows), as_tensor(krows), as_tensor(spans)
+        self.noncausal = noncausal
+        self.longest = max((max(nqc, nkc) for _, nqc, _, nkc in spans), default=0)
         idx = lambda x: torch.tensor(x, dtype=torch.long, device=device)
         self.pre_hi, self.pre_lo, self.suf_hi, self.suf_lo, self.qseq = map(idx, (pre_hi, pre_lo, suf_hi, suf_lo, qseq))
 
@@ -111,6 +121,22 @@ class _Layout:
 def _batched_layout(batch, n, m, chunk, noncausal, device):
     """The layout of equal-length sequences, built once per shape (host work off the hot path)."""
     return _Layout(batch, n, m, None, chunk, noncausal, device)
+
+
+def _prefix_sums(sums, layout):
+    """Per query chunk, the sum of the key-chunk totals `sums` [key chunks, ...] before it
+    (all of them, noncausal) -> [query chunks, ...] fp32."""
+    if PATHS["range_sums"] == "triton":
+        return chunk_range_sums(sums, layout.seqs, len(layout.qchunks), layout.longest, suffix=False, total=layout.noncausal)
+    return _range_sums(sums, layout.pre_hi, layout.pre_lo)
+
+
+def _suffix_sums(wsum, layout):
+    """Per key chunk, the sum of the query-chunk totals `wsum` [query chunks, ...] after it
+    (all of them, noncausal) -> [key chunks, ...] fp32."""
+    if PATHS["range_sums"] == "triton":
+        return chunk_range_sums(wsum, layout.seqs, len(layout.kchunks), layout.longest, suffix=True, total=layout.noncausal)
+    return _range_sums(wsum, layout.suf_hi, layout.suf_lo)
 
 
 def _range_sums(totals, hi, lo):
@@ -209,7 +235,7 @@ class _LavoChunkFn(torch.autograd.Function):
             vf, kvm, segid, sums, layout.kchunks, heads, D=d, BD=meta["BD"], C=chunk, SEG=segments,
             HAS_MASK=meta["HAS_MASK"],
         )
-        pre = _range_sums(sums, layout.pre_hi, layout.pre_lo)  # [query chunks, S, H, d]
+        pre = _prefix_sums(sums, layout)  # [query chunks, S, H, d]
         o = torch.empty_like(qf)
         lse = torch.empty(qf.shape[0], heads, dtype=torch.float32, device=q.device)
         lavo_fwd_kernel[(len(layout.qchunks), heads)](
@@ -255,7 +281,7 @@ class _LavoChunkFn(torch.autograd.Function):
                 heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, **common, **LAUNCH["mem_sums"],
             )
         drho = torch.zeros_like(rho)
-        suf = _range_sums(wsum, layout.suf_hi, layout.suf_lo)  # [key chunks, S, H, d]
+        suf = _suffix_sums(wsum, layout)  # [key chunks, S, H, d]
         # CC, target longer than the source: query blocks past the source (a power of 2,
         # so that few lengths compile their own kernel)
         tail = triton.next_power_of_2(math.ceil((n - m) / meta["C"]) + 1) if n > m and meta["NKB"] else 0

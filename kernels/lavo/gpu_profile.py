@@ -1,6 +1,6 @@
 """Time the LAVO Triton kernels on a GPU: medians and per-kernel CUDA time.
 
-    python -m lavo_tasks.kernels.lavo.gpu_profile [--out FILE]
+    python -m lavo_tasks.kernels.lavo.gpu_profile [--out FILE] [--variants [NAME ...]]
 
 Protocol shape (bf16, H=16, d=64, w=128, r=64, 65,536 tokens per step): forward and
 forward+backward medians (`triton.testing.do_bench`) at T = 1K and 8K; one profiler
@@ -8,19 +8,43 @@ table of the kernels of a forward+backward at 4K (gradients reset first, so the 
 holds no gradient accumulation); then, if the rest took under WIDE_AFTER_S seconds, the
 medians at head dim 256, rank 256, T = 4K. JSON lines go to FILE as they come; the whole
 benchmark against SDPA and FlexAttention is `python -m lavo_tasks.bench`.
+
+With `--variants` (all of VARIANTS, or the names given) it times instead, for each
+variant, the forward and forward+backward medians at T = 1K and 8K with chunk.py's
+LAUNCH / PATHS patched as the variant says, checks the variant's output and gradients
+at 1K against the default's (relative RMS difference; the default itself is checked
+against the fp32 PyTorch path by tests/test_gpu_lavo.py), then prints a table sorted by
+the 8K forward+backward time and the kernel table of the fastest variant. Variants past
+VARIANTS_BUDGET_S seconds are skipped (listed); the d = 256 medians are not run.
 """
 
 import argparse
+import contextlib
+import copy
 import json
 import time
 
 import torch
 from triton.testing import do_bench
 
+from . import chunk
 from .chunk import chunk_lavo_attn
 
 HEADS, DIM, WINDOW, RANK, TOKENS = 16, 64, 128, 64, 65536
 WIDE_AFTER_S = 75  # the d = 256 medians (more kernels to compile) run only if the rest took less
+VARIANTS_BUDGET_S = 120  # --variants: no new variant starts after this (compiles take ~5 s a kernel)
+# name -> settings: "kernel.option" patches chunk.LAUNCH[kernel][option], a plain name
+# chunk.PATHS[name]; "default" patches nothing and is the reference of the checks
+VARIANTS = {
+    "default": {},
+    "range_sums_triton": {"range_sums": "triton"},
+    "dkv_split1": {"dkv.SPLIT": 1},
+    "dkv_stages1": {"dkv.num_stages": 1},
+    "dkv_stages3": {"dkv.num_stages": 3},
+    "fwd_stages2": {"fwd.num_stages": 2},
+    "mem_bwd_stages1": {"mem_bwd.num_stages": 1},
+    "mem_bwd_stages3": {"mem_bwd.num_stages": 3},
+}
 
 
 def inputs(T, dim=DIM, rank=RANK):
@@ -32,9 +56,9 @@ def inputs(T, dim=DIM, rank=RANK):
     return [x.requires_grad_() for x in (q, k, v, basis, rel_bias, mem_bias)]
 
 
-def medians(T, dim=DIM, rank=RANK):
-    """fwd and fwd+bwd medians (ms)."""
-    leaves = inputs(T, dim, rank)
+def medians(T, dim=DIM, rank=RANK, leaves=None):
+    """fwd and fwd+bwd medians (ms), on `leaves` if given (inputs(T, dim, rank))."""
+    leaves = inputs(T, dim, rank) if leaves is None else leaves
     fwd = lambda: chunk_lavo_attn(*leaves, window=WINDOW)  # noqa: E731
 
     def fwd_bwd():
@@ -49,6 +73,10 @@ def medians(T, dim=DIM, rank=RANK):
 
 def kernel_table(T):
     leaves = inputs(T)
+    return _profile(leaves)
+
+
+def _profile(leaves):
     for _ in range(3):
         chunk_lavo_attn(*leaves, window=WINDOW).float().sum().backward()
     for x in leaves:
@@ -60,9 +88,77 @@ def kernel_table(T):
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)
 
 
+@contextlib.contextmanager
+def patched(settings):
+    """chunk.LAUNCH and chunk.PATHS with `settings` (a VARIANTS entry) applied, restored after."""
+    saved = copy.deepcopy(chunk.LAUNCH), dict(chunk.PATHS)
+    try:
+        for key, value in settings.items():
+            kernel, _, option = key.rpartition(".")
+            target = chunk.LAUNCH.get(kernel) if kernel else chunk.PATHS
+            if target is None or (not kernel and option not in target):
+                raise KeyError(f"variant setting {key!r}: neither a chunk.LAUNCH kernel's option nor a chunk.PATHS entry")
+            target[option] = value
+        yield
+    finally:
+        chunk.LAUNCH.clear()
+        chunk.LAUNCH.update(saved[0])
+        chunk.PATHS.clear()
+        chunk.PATHS.update(saved[1])
+
+
+def outputs_and_grads(leaves, grad_out):
+    """The output and the six gradients of one forward+backward, as fp64 copies."""
+    for x in leaves:
+        x.grad = None
+    out = chunk_lavo_attn(*leaves, window=WINDOW)
+    out.backward(grad_out)
+    return [out.detach().double()] + [x.grad.double() for x in leaves]
+
+
+def run_variants(names, emit, started):
+    """Medians per variant, its difference to the default at 1K, a summary and the fastest one's kernel table."""
+    leaves = {T: inputs(T) for T in (1024, 8192)}
+    grad_out = torch.randn_like(leaves[1024][0])
+    with patched({}):
+        reference = outputs_and_grads(leaves[1024], grad_out)
+    rows, skipped = [], []
+    for name in names:
+        if time.monotonic() - started > VARIANTS_BUDGET_S:
+            skipped.append(name)
+            continue
+        with patched(VARIANTS[name]):
+            got = outputs_and_grads(leaves[1024], grad_out)
+            diff = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, reference))
+            times = [medians(T, leaves=leaves[T]) for T in (1024, 8192)]
+        row = {"variant": name, "settings": VARIANTS[name], "max_rel_rms_vs_default": diff}
+        for t in times:
+            row[f"fwd_ms_{t['T']}"], row[f"fwd_bwd_ms_{t['T']}"] = t["fwd_ms"], t["fwd_bwd_ms"]
+        emit(row)
+        rows.append(row)
+    print(f"{'variant':24s} {'fwd 1K':>8s} {'fwd 8K':>8s} {'f+b 1K':>8s} {'f+b 8K':>8s} {'rel diff':>9s}")
+    for row in sorted(rows, key=lambda r: r["fwd_bwd_ms_8192"]):
+        print(
+            f"{row['variant']:24s} {row['fwd_ms_1024']:8.3f} {row['fwd_ms_8192']:8.3f} {row['fwd_bwd_ms_1024']:8.3f} "
+            f"{row['fwd_bwd_ms_8192']:8.3f} {row['max_rel_rms_vs_default']:9.1e}"
+        )
+    if skipped:
+        print(f"skipped (past {VARIANTS_BUDGET_S} s): {' '.join(skipped)}")
+    del leaves, reference, got
+    if rows:
+        best = min(rows, key=lambda r: r["fwd_bwd_ms_8192"])
+        print(f"kernels of the fastest variant, {best['variant']}, T = 4K:")
+        with patched(VARIANTS[best["variant"]]):
+            print(kernel_table(4096), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="lavo_profile.jsonl")
+    parser.add_argument(
+        "--variants", nargs="*", choices=list(VARIANTS), metavar="NAME",
+        help=f"time these VARIANTS instead (none named: all): {', '.join(VARIANTS)}",
+    )
     args = parser.parse_args()
     started = time.monotonic()
     with open(args.out, "w") as f:
@@ -71,6 +167,9 @@ def main():
             f.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
 
+        if args.variants is not None:
+            run_variants(args.variants or list(VARIANTS), emit, started)
+            return
         for T in (1024, 8192):
             emit(medians(T))
         print(kernel_table(4096), flush=True)
