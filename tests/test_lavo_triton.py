@@ -260,6 +260,13 @@ def test_chunk_range_sums_match_loops(monkeypatch):
             assert err <= 1e-6, f"suffix={suffix} total={total}: relative max error {err:.2e}"
 
 
+def _patch(monkeypatch, settings):
+    """chunk.LAUNCH / chunk.PATHS patched as a gpu_profile variant says ("kernel.option" or a PATHS name)."""
+    for key, value in settings.items():
+        kernel, _, option = key.rpartition(".")
+        monkeypatch.setitem(chunk.LAUNCH[kernel] if kernel else chunk.PATHS, option, value)
+
+
 VARIANT_CASES = {  # pattern -> (batch, n, m, window, causal, cross, masked, packed)
     "CS packed": (1, 40, 40, 6, True, False, False, True),
     "CC target longer": (1, 45, 30, 6, True, True, False, False),
@@ -269,10 +276,10 @@ VARIANT_CASES = {  # pattern -> (batch, n, m, window, causal, cross, masked, pac
 
 
 @pytest.mark.parametrize("case", list(VARIANT_CASES))
-@pytest.mark.parametrize("setting, value", [("range_sums", "triton")])
-def test_selectable_paths(monkeypatch, setting, value, case):
+@pytest.mark.parametrize("settings", [{"range_sums": "triton"}, {"dkv.KM": 2}, {"dkv.KM": 2, "dkv.SPLIT": 1}])
+def test_selectable_paths(monkeypatch, settings, case):
     # the alternatives gpu_profile --variants times, each against the reference
-    monkeypatch.setitem(chunk.PATHS, setting, value)
+    _patch(monkeypatch, settings)
     batch, n, m, window, causal, cross, masked, packed = VARIANT_CASES[case]
     inputs = make_inputs(batch, n, m, 2, 8, 4, window, causal, seed=n + m)
     mask = random_mask(batch, m, seed=n, keep_first=True) if masked else None
@@ -281,9 +288,11 @@ def test_selectable_paths(monkeypatch, setting, value, case):
     check_against_reference(small_chunks, inputs, **opts)
 
 
-def test_selectable_paths_noncausal_segments(monkeypatch):
-    # NC with two segment memories through the Triton range sums (the totals of each sequence)
-    monkeypatch.setitem(chunk.PATHS, "range_sums", "triton")
+@pytest.mark.parametrize("settings", [{"range_sums": "triton"}, {"dkv.KM": 2}])
+def test_selectable_paths_noncausal_segments(monkeypatch, settings):
+    # NC with two segment memories: the Triton range sums (the totals of each sequence),
+    # dkv's per-key suffix rows of its segment and chunk
+    _patch(monkeypatch, settings)
     q, k, v, basis, _, _ = make_inputs(2, 30, 37, 2, 8, 4, 4, False, seed=30)
     opts = {**options(4, causal=False, cross=True, kv_mask=random_mask(2, 37, seed=2, keep_first=False)), "segments": 2}
     check_against_reference(small_chunks, [q, k, v, basis, None, torch.randn(2, 2)], compared=("q", "v", "basis", "mem_bias"), **opts)

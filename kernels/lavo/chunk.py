@@ -37,7 +37,7 @@ MAX_HEAD_DIM = 256
 LAUNCH = {
     "fwd": dict(num_warps=4, num_stages=3),
     "mem_bwd": dict(num_warps=4, num_stages=2),
-    "dkv": dict(num_warps=4, num_stages=2, SPLIT=2),
+    "dkv": dict(num_warps=4, num_stages=2, SPLIT=2, KM=1),  # KM: key chunks per program
     "mem_sums": dict(num_warps=8, num_stages=2),  # [C, d] fp32 sums of up to d=256 on chip; timed only in totals
 }
 # how the cross-chunk sums run (not launch settings; gpu_profile --variants times the
@@ -111,10 +111,28 @@ class _Layout:
                 suf_hi.append(qfirst + nqc)
         as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=device).reshape(len(x), -1)
         self.qchunks, self.kchunks, self.seqs = as_tensor(qrows), as_tensor(krows), as_tensor(spans)
+        self._spans, self._key_blocks = spans, {}
         self.noncausal = noncausal
         self.longest = max((max(nqc, nkc) for _, nqc, _, nkc in spans), default=0)
         idx = lambda x: torch.tensor(x, dtype=torch.long, device=device)
         self.pre_hi, self.pre_lo, self.suf_hi, self.suf_lo, self.qseq = map(idx, (pre_hi, pre_lo, suf_hi, suf_lo, qseq))
+
+    def key_blocks(self, per_block):
+        """The key chunks in blocks of `per_block` per sequence (the last one may be short):
+        a chunk table with one row per block (chunk index: the block's first chunk) and
+        each block's first row in the key-chunk table (int32), built once per size."""
+        if per_block == 1:
+            return self.kchunks, self.kchunks  # the second is a placeholder the kernel never reads
+        if per_block not in self._key_blocks:
+            rows, first = [], []
+            for _, _, kfirst, nkc in self._spans:
+                for b in range(0, nkc, per_block):
+                    rows.append(self.kchunks[kfirst + b].tolist())
+                    first.append(kfirst + b)
+            device = self.kchunks.device
+            table = torch.tensor(rows, dtype=torch.int32, device=device).reshape(len(rows), 5)
+            self._key_blocks[per_block] = table, torch.tensor(first, dtype=torch.int32, device=device)
+        return self._key_blocks[per_block]
 
 
 @functools.lru_cache(maxsize=64)
@@ -287,9 +305,12 @@ class _LavoChunkFn(torch.autograd.Function):
         tail = triton.next_power_of_2(math.ceil((n - m) / meta["C"]) + 1) if n > m and meta["NKB"] else 0
         dk = torch.empty_like(kf)
         dv = torch.empty_like(vf)
-        lavo_dkv_kernel[(nk, heads)](
-            qf, kf, vf, dof, lse, delta, rho, kvm, segid, layout.kchunks, dvl, suf, dq_mem, drho, dk, dv,
-            heads, rho.shape[1], scale, TAIL=tail, SEG=segments, **_pick(meta, _DKV_META),
+        per_block = LAUNCH["dkv"]["KM"]  # key chunks per program
+        kblocks, ksuf = layout.key_blocks(per_block)
+        nqb = meta["NQB"] + per_block - 1 if meta["NQB"] else 0  # the window's queries span KM - 1 chunks more
+        lavo_dkv_kernel[(len(kblocks), heads)](
+            qf, kf, vf, dof, lse, delta, rho, kvm, segid, kblocks, ksuf, dvl, suf, dq_mem, drho, dk, dv,
+            heads, rho.shape[1], scale, TAIL=tail, SEG=segments, NQB=nqb, **_pick(meta, _DKV_META),
             **LAUNCH["dkv"],
         )
         dq = dq_mem.to(qf.dtype)  # the memory's dq (mem_bwd) plus the window's (dkv)
@@ -307,7 +328,7 @@ class _LavoChunkFn(torch.autograd.Function):
 
 # compile-time arguments of the forward kernel
 _FWD_META = ("D", "BD", "RB", "NRB", "C", "WINDOW", "NKB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
-_DKV_META = ("D", "BD", "C", "WINDOW", "NQB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
+_DKV_META = ("D", "BD", "C", "WINDOW", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
 
 
 def _pick(meta, keys):

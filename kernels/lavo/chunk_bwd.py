@@ -31,8 +31,8 @@ from .chunk_common import (
 
 @triton.jit
 def _bias_grad(DRHO, ds, h, NB, base, QB: tl.constexpr, C: tl.constexpr):
-    """drho[base + i - jj] += ds[i, jj] for a [QB, C] tile (QB <= C) whose bias index is
-    base + i - jj.
+    """drho[base + i - jj] += ds[i, jj] for a [QB, C] tile (QB <= C; C: the tile's key
+    count) whose bias index is base + i - jj.
 
     The tile is sheared with a gather (column (i - e) mod C of row i), so each
     diagonal becomes a column; its sum is one atomic add per bias entry, not per score."""
@@ -208,12 +208,12 @@ def lavo_mem_sums_kernel(
 def _dkv_tile(
     Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, t_from, t_to, q_row0, n, kv_row0, m, h, H, NB,
     scale,
-    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QB: tl.constexpr, WINDOW: tl.constexpr, NS: tl.constexpr,
-    HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, KC: tl.constexpr, QB: tl.constexpr, WINDOW: tl.constexpr,
+    NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
 ):
     """The window's scores of queries start..start+QB-1 (those in [t_from, t_to]) against
-    the keys j of chunk c: returns their dk (unscaled) and dv, and adds their dq and
-    drho into DQM and DRHO (fp32 atomics: other key chunks add to the same rows)."""
+    the KC keys j from chunk c on: returns their dk (unscaled) and dv, and adds their dq
+    and drho into DQM and DRHO (fp32 atomics: other key blocks add to the same rows)."""
     t = start + tl.arange(0, QB)
     t_ok = (t >= t_from) & (t <= t_to)
     if QMASK:
@@ -229,14 +229,14 @@ def _dkv_tile(
     dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
     ds = p * (dp - delta[:, None])  # 0 outside the window and for queries not in [t_from, t_to]
     dk = tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
-    dq = tl.dot(ds.to(kb.dtype), kb, input_precision=PREC) * scale  # [C, BD]
+    dq = tl.dot(ds.to(kb.dtype), kb, input_precision=PREC) * scale  # [QB, BD]
     dd = tl.arange(0, BD)
     dq_ptrs = row_ptrs(DQM, q_row0, start, h, H, QB, BD, D)
     tl.atomic_add(dq_ptrs, dq, mask=t_ok[:, None] & (dd < D)[None, :], sem="relaxed")
     if NS:
-        _bias_grad(DRHO, ds, h, NB, start - c * C + HALF, QB, C)
+        _bias_grad(DRHO, ds, h, NB, start - c * C + HALF, QB, KC)
     elif (start + QB - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
-        _bias_grad(DRHO, ds, h, NB, start - c * C, QB, C)
+        _bias_grad(DRHO, ds, h, NB, start - c * C, QB, KC)
     else:  # CC queries past the source share t' = m - 1: one add per score
         tl.atomic_add(DRHO + h * NB + bias_idx, ds, mask=in_win & t_ok[:, None], sem="relaxed")
     return dk, dv
@@ -244,63 +244,73 @@ def _dkv_tile(
 
 @triton.jit
 def lavo_dkv_kernel(
-    Q, K, V, DO, LSE, DELTA, RHO, KVM, SEGID, CHUNKS, DVL, SUF, DQM, DRHO, DK, DV,
+    Q, K, V, DO, LSE, DELTA, RHO, KVM, SEGID, CHUNKS, KSUF, DVL, SUF, DQM, DRHO, DK, DV,
     H, NB, scale,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NQB: tl.constexpr, TAIL: tl.constexpr,
     SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr,
-    PREC: tl.constexpr, SPLIT: tl.constexpr,
+    PREC: tl.constexpr, SPLIT: tl.constexpr, KM: tl.constexpr,
 ):
-    """One program per (key chunk, head). The queries whose window holds these keys come
-    in NQB blocks of C from the chunk on; in CC with a target longer than the source, the
-    queries past the source (all anchored at m - 1) come in at most TAIL more. Each
-    block of C queries is taken as SPLIT tiles of C // SPLIT rows (fewer live registers)."""
+    """One program per (block of KM key chunks, head); CHUNKS holds one row per block,
+    whose chunk index is the block's first chunk, and with KM > 1 KSUF the block's first
+    row in SUF (the per-chunk suffix sums). The queries whose window holds these keys
+    come in NQB blocks of C from the first chunk on; in CC with a target longer than the
+    source, the queries past the source (all anchored at m - 1) come in at most TAIL
+    more. Each block of C queries is taken as SPLIT tiles of C // SPLIT rows (fewer live
+    registers). More key chunks per program (KM) mean fewer dq atomics per query (one
+    per tile) and fewer reads of q and dO, for larger tiles."""
     QB: tl.constexpr = C // SPLIT
+    KC: tl.constexpr = KM * C  # keys per program
     kid = tl.program_id(0)
     h = tl.program_id(1)
     q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, kid)
     dd = tl.arange(0, BD)
-    j = c * C + tl.arange(0, C)
+    j = c * C + tl.arange(0, KC)
     j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
-    kb = load_rows(K, kv_row0, c * C, j_ok, h, H, C, D, BD)
-    vb = load_rows(V, kv_row0, c * C, j_ok, h, H, C, D, BD)
-    dk = tl.zeros([C, BD], tl.float32)
-    dv = tl.zeros([C, BD], tl.float32)
+    kb = load_rows(K, kv_row0, c * C, j_ok, h, H, KC, D, BD)
+    vb = load_rows(V, kv_row0, c * C, j_ok, h, H, KC, D, BD)
+    dk = tl.zeros([KC, BD], tl.float32)
+    dv = tl.zeros([KC, BD], tl.float32)
 
     if NS:
         lo = tl.maximum(c * C - HALF, 0)
-        hi = tl.minimum(c * C + C - 1 + HALF, n - 1)
+        hi = tl.minimum(c * C + KC - 1 + HALF, n - 1)
     else:
         lo = c * C
-        hi = tl.minimum(c * C + C - 1 + WINDOW - 1, n - 1)
+        hi = tl.minimum(c * C + KC - 1 + WINDOW - 1, n - 1)
     for b in range(NQB * SPLIT):
         start = lo - lo % C + b * QB
         dk_b, dv_b = _dkv_tile(
             Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, 0, hi, q_row0, n, kv_row0, m, h, H,
-            NB, scale, D, BD, C, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
+            NB, scale, D, BD, C, KC, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
         )
         dk += dk_b
         dv += dv_b
     tail_from = tl.maximum(hi + 1, m)  # queries not seen above, anchored at m - 1
-    if c * C + C - 1 > m - 1 - WINDOW:  # some key of the chunk is in the last window
+    if c * C + KC - 1 > m - 1 - WINDOW:  # some key of the block is in the last window
         for b in range(TAIL * SPLIT):
             start = tail_from - tail_from % C + b * QB
             if start < n:
                 dk_b, dv_b = _dkv_tile(
                     Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, tail_from, n - 1, q_row0, n,
-                    kv_row0, m, h, H, NB, scale, D, BD, C, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
+                    kv_row0, m, h, H, NB, scale, D, BD, C, KC, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
                 )
                 dk += dk_b
                 dv += dv_b
 
-    if SEG == 1:
+    if SEG == 1 and KM == 1:
         dv += tl.load(SUF + (kid * H + h).to(tl.int64) * D + dd, mask=dd < D, other=0.0)[None, :]
-    else:  # each key gets the memory gradient of its own segment
-        seg_of = tl.load(SEGID + kv_row0 + j, mask=j_ok, other=0)
-        suf_offs = ((kid * SEG + seg_of) * H + h).to(tl.int64)[:, None] * D + dd[None, :]
+    else:  # each key gets the memory gradient of its own chunk and segment
+        suf_row = tl.arange(0, KC) // C + kid
+        if KM > 1:
+            suf_row = tl.arange(0, KC) // C + tl.load(KSUF + kid)
+        seg_of = tl.zeros([KC], tl.int32)
+        if SEG > 1:
+            seg_of = tl.load(SEGID + kv_row0 + j, mask=j_ok, other=0)
+        suf_offs = ((suf_row * SEG + seg_of) * H + h).to(tl.int64)[:, None] * D + dd[None, :]
         dv += tl.load(SUF + suf_offs, mask=j_ok[:, None] & (dd < D)[None, :], other=0.0)
     if not NS:
-        dv += load_rows(DVL, kv_row0, c * C, j < m, h, H, C, D, BD)
+        dv += load_rows(DVL, kv_row0, c * C, j < m, h, H, KC, D, BD)
     dk = tl.where(j_ok[:, None], dk * scale, 0.0)
     dv = tl.where(j_ok[:, None], dv, 0.0)
-    store_rows(DK, dk, kv_row0, c * C, j < m, h, H, C, D, BD)
-    store_rows(DV, dv, kv_row0, c * C, j < m, h, H, C, D, BD)
+    store_rows(DK, dk, kv_row0, c * C, j < m, h, H, KC, D, BD)
+    store_rows(DV, dv, kv_row0, c * C, j < m, h, H, KC, D, BD)

@@ -38,7 +38,9 @@ VARIANTS_BUDGET_S = 120  # --variants: no new variant starts after this (compile
 VARIANTS = {
     "default": {},
     "range_sums_triton": {"range_sums": "triton"},
-    "dkv_split1": {"dkv.SPLIT": 1},
+    "dkv_split1": {"dkv.SPLIT": 1},  # 64-query tiles (ptxas: 1.4 KB spills)
+    "dkv_km2_w8": {"dkv.KM": 2, "dkv.num_warps": 8},  # 128 keys a program (ptxas: 255 regs, 184 B spills)
+    "dkv_km2_w8_split4": {"dkv.KM": 2, "dkv.num_warps": 8, "dkv.SPLIT": 4},  # 16-query tiles (40 B spills)
     "dkv_stages1": {"dkv.num_stages": 1},
     "dkv_stages3": {"dkv.num_stages": 3},
     "fwd_stages2": {"fwd.num_stages": 2},
