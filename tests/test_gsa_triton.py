@@ -87,6 +87,23 @@ def test_both_diagonal_paths(monkeypatch, span):
     _assert_matches_reference(xs, _states(1, 1, 12, 20, 5))
 
 
+@pytest.mark.parametrize("span", [0.0, 1e4])
+def test_whole_chunk_kernels_in_blocks(monkeypatch, span):
+    """The whole-chunk kernels with their intra-chunk split in blocks of 16 rows (one
+    reference row each; the default is one block per chunk), both diagonal paths, a
+    partial last block; states in and out."""
+    monkeypatch.setattr(chunk, "WHOLE_BC", 16)
+    monkeypatch.setattr(chunk, "SPAN", span)
+    _assert_matches_reference(_inputs(1, 90, 90, seed=17), _states(1, 1, 12, 20, 5))
+
+
+def test_sub_chunk_kernels_at_small_sizes(monkeypatch):
+    """The per-sub-chunk kernels (those of slot counts over 64 or head dims over 128) on
+    the small shapes the whole-chunk kernels take by default."""
+    monkeypatch.setattr(chunk, "WHOLE_MAX_SLOTS", 0)
+    _assert_matches_reference(_inputs(1, 150, 150, heads=2), _states(1, 2, 12, 20, 5))
+
+
 def test_compiled_loop_path(monkeypatch):
     """The `for` loops the GPU runs (the interpreter itself takes `while` loops: under
     numpy 2 it cannot turn a 1-element loop bound into an int; patched here to do so)."""

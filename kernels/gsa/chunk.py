@@ -27,6 +27,7 @@ import torch
 import triton
 
 from . import chunk_kernels as K
+from . import whole_chunk_kernels as W
 from .torch_path import read_state
 
 BT = 64  # positions per chunk (a state is kept at every chunk start)
@@ -92,6 +93,12 @@ PREC_VALUES = "tf32"
 # warps of the per-sub-chunk kernels for 64-wide tiles (output, query side, key side);
 # tiles wider than 64 take 8. H200, d=M=64: fwd+bwd 16.9 ms at 4 warps, 27.0 at 8.
 WARPS = {"output": 4, "query": 4, "key": 4}
+# Slot counts up to WHOLE_MAX_SLOTS and head dims up to WHOLE_MAX_DIM run the kernels of
+# `whole_chunk_kernels.py` (one program per chunk, BT-row products) in place of the
+# per-sub-chunk ones; WHOLE_BC rows per block of their intra-chunk split (a divisor of BT).
+WHOLE_MAX_SLOTS, WHOLE_MAX_DIM = 64, 128
+WHOLE_BC = 64
+WHOLE_WARPS = {"output": 8, "query": 8, "key": 8}
 
 
 class _Config:
@@ -107,6 +114,9 @@ class _Config:
         wide = self.BM * max(self.BK, self.BV) > 64 * 64
         self.warps = {name: 8 if wide else w for name, w in WARPS.items()}
         self.blocks = dict(BK=self.BK, BV=self.BV, DBK=self.DBK, DBV=self.DBV)
+        self.whole = self.BM <= WHOLE_MAX_SLOTS and max(self.BK, self.BV) <= WHOLE_MAX_DIM
+        if self.whole:
+            self.warps = dict(WHOLE_WARPS)
         exact = dtype == torch.float32
         self.prec = dict(PREC_S="ieee" if exact else PREC_SLOTS, PREC_V="ieee" if exact else PREC_VALUES)
 
@@ -138,10 +148,16 @@ class _CausalGSA(torch.autograd.Function):
               (dk, dv), n_seq, heads, slots, reverse=False)
         o = torch.empty(n_tok, heads, dv, dtype=q.dtype, device=q.device)
         z = torch.empty_like(g)  # slot logits, kept for the backward
-        K._output_fwd_kernel[(n_sub, heads)](
-            q, k, v, g, b, sk, sv, o, z, sub, scale, heads, slots, dk, dv,
-            BT=BT, BC=BC, BM=cfg.BM, SPAN=SPAN, **cfg.blocks, **cfg.prec,
-            num_warps=cfg.warps["output"])
+        if cfg.whole:
+            W._whole_output_kernel[(n_chunks, heads)](
+                q, k, v, g, b, sk, sv, o, z, chunks, scale, heads, slots, dk, dv,
+                BT=BT, BC=WHOLE_BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
+                num_warps=cfg.warps["output"])
+        else:
+            K._output_fwd_kernel[(n_sub, heads)](
+                q, k, v, g, b, sk, sv, o, z, sub, scale, heads, slots, dk, dv,
+                BT=BT, BC=BC, BM=cfg.BM, SPAN=SPAN, **cfg.blocks, **cfg.prec,
+                num_warps=cfg.warps["output"])
         ctx.save_for_backward(q, k, v, g, b, z, gsum, sk, sv, hk, hv)
         ctx.scale, ctx.lengths, ctx.has_h0, ctx.cfg = scale, lengths, has_h0, cfg
         ctx.output_final_state = output_final_state
@@ -160,23 +176,29 @@ class _CausalGSA(torch.autograd.Function):
         do = do.contiguous()
         p, dz, dgate = torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
         dq = torch.empty_like(q)
-        K._query_bwd_kernel[(n_sub, heads)](
-            k, v, g, b, sk, sv, z, do, sub, p, dz, dq, dgate, scale, heads, slots, dk, dv,
-            BT=BT, BC=BC, BM=cfg.BM, SPAN=SPAN, **cfg.blocks, **cfg.prec,
-            num_warps=cfg.warps["query"])
+        dnk, dnv = torch.empty_like(sk), torch.empty_like(sv)  # the chunk-start states' gradients
+        f32 = dict(dtype=torch.float32, device=q.device)
+        if cfg.whole:  # the query side writes the states' gradients from each chunk's reads too
+            W._whole_query_bwd_kernel[(n_chunks, heads)](
+                q, k, v, g, b, sk, sv, z, do, chunks, p, dz, dq, dgate, dnk, dnv, scale, heads, slots, dk, dv,
+                BT=BT, BC=WHOLE_BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
+                num_warps=cfg.warps["query"])
+        else:
+            K._query_bwd_kernel[(n_sub, heads)](
+                k, v, g, b, sk, sv, z, do, sub, p, dz, dq, dgate, scale, heads, slots, dk, dv,
+                BT=BT, BC=BC, BM=cfg.BM, SPAN=SPAN, **cfg.blocks, **cfg.prec,
+                num_warps=cfg.warps["query"])
+            for w, x, dnext, d, bd, sc in ((dz, q, dnk, dk, cfg.BDK, scale), (p, do, dnv, dv, cfg.BDV, 1.0)):
+                K._chunk_read_grad_kernel[(n_chunks, heads, triton.cdiv(d, bd))](
+                    w, x, b, dnext, chunks, sc, heads, slots, d, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec["PREC_S"],
+                    num_warps=4)
 
         has_dht = ctx.output_final_state and (dhk is not None or dhv is not None)
         if has_dht:
             dhk = torch.zeros_like(hk) if dhk is None else dhk.float().contiguous()
             dhv = torch.zeros_like(hv) if dhv is None else dhv.float().contiguous()
-        dnk, dnv = torch.empty_like(sk), torch.empty_like(sv)
-        f32 = dict(dtype=torch.float32, device=q.device)
         dh0k = torch.empty(n_seq, heads, slots, dk, **f32)
         dh0v = torch.empty(n_seq, heads, slots, dv, **f32)
-        for w, x, dnext, d, bd, sc in ((dz, q, dnk, dk, cfg.BDK, scale), (p, do, dnv, dv, cfg.BDV, 1.0)):
-            K._chunk_read_grad_kernel[(n_chunks, heads, triton.cdiv(d, bd))](
-                w, x, b, dnext, chunks, sc, heads, slots, d, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec["PREC_S"],
-                num_warps=4)
         _scan((dnk, dnv), gsum, (dhk, dhv) if has_dht else None, (dh0k, dh0v), coff, (dk, dv), n_seq, heads, slots,
               reverse=True)
 
@@ -184,9 +206,14 @@ class _CausalGSA(torch.autograd.Function):
         ds = torch.empty(2, *g.shape, **f32)  # the K~ and V~ shares of the write weights' gradient
         for w, x, y, dn, dy, share, d, bd, db, sc in ((dz, q, k, dnk, dk_, ds[0], dk, cfg.BK, cfg.DBK, scale),
                                                       (p, do, v, dnv, dv_, ds[1], dv, cfg.BV, cfg.DBV, 1.0)):
-            K._key_bwd_kernel[(n_sub, heads)](
-                w, x, y, dn, g, b, sub, dy, share, sc, heads, slots, d,
-                BT=BT, BC=BC, BM=cfg.BM, BD=bd, DB=db, SPAN=SPAN, **cfg.prec, num_warps=cfg.warps["key"])
+            if cfg.whole:
+                W._whole_key_bwd_kernel[(n_chunks, heads)](
+                    w, x, y, dn, g, b, chunks, dy, share, sc, heads, slots, d,
+                    BT=BT, BC=WHOLE_BC, BM=cfg.BM, BD=bd, SPAN=SPAN, **cfg.prec, num_warps=cfg.warps["key"])
+            else:
+                K._key_bwd_kernel[(n_sub, heads)](
+                    w, x, y, dn, g, b, sub, dy, share, sc, heads, slots, d,
+                    BT=BT, BC=BC, BM=cfg.BM, BD=bd, DB=db, SPAN=SPAN, **cfg.prec, num_warps=cfg.warps["key"])
         # the final state is a read at each sequence's last row: its share of the gate grad
         if has_dht:
             carry = (dhk * hk).sum(-1) + (dhv * hv).sum(-1)

@@ -31,16 +31,13 @@ HEADS, DIM, SLOTS, TOKENS = 16, 64, 64, 65536
 # settings of `chunk` to compare against its defaults ("base")
 VARIANTS = {
     "base": {},
-    "warps2": {"WARPS": {"output": 2, "query": 2, "key": 2}},
-    "slots_tf32x3": {"PREC_SLOTS": "tf32x3"},
+    "warps4": {"WHOLE_WARPS": {"output": 4, "query": 4, "key": 4}},
+    "blocks16": {"WHOLE_BC": 16},  # blocks of 16 rows in the whole-chunk kernels' intra-chunk split
+    "blocks32": {"WHOLE_BC": 32},
+    "sub_chunks": {"WHOLE_MAX_SLOTS": 0},  # the per-sub-chunk kernels (those of wide sizes)
     "values_bf16": {"PREC_VALUES": "bf16"},
-    "scan_narrow": {"SCAN_ROWS": 2, "GATE_SLOTS": 4},  # 4x more programs in the scans over chunks
-    "state_cols32": {"BD_STATE": 32},  # chunk write / read-gradient programs on 32 state columns
-    "warps8": {"WARPS": {"output": 8, "query": 8, "key": 8}},
-    "slots_tf32": {"PREC_SLOTS": "tf32"},
-    "values_tf32x3": {"PREC_VALUES": "tf32x3"},
 }
-VARIANT_SECONDS = 85  # no variant starts after this many seconds of the run (compiles dominate)
+VARIANT_SECONDS = 150  # no variant starts after this many seconds of the run (compiles dominate)
 
 
 def _inputs(batch, length, device="cuda"):
@@ -132,13 +129,12 @@ def _breakdown(fn, xs, label, out_dir):
 
 def _print_resources():
     """Registers, spills and shared memory of every compiled GSA kernel variant."""
-    from lavo_tasks.kernels.gsa import chunk_kernels
+    from lavo_tasks.kernels.gsa import chunk_kernels, whole_chunk_kernels
 
-    for name in dir(chunk_kernels):
-        fn = getattr(chunk_kernels, name)
-        if not name.endswith("_kernel") or not hasattr(fn, "device_caches"):
-            continue
-        for caches in fn.device_caches.values():
+    kernels = [(name, getattr(module, name)) for module in (chunk_kernels, whole_chunk_kernels)
+               for name in dir(module) if name.endswith("_kernel")]
+    for name, fn in kernels:
+        for caches in getattr(fn, "device_caches", {}).values():
             for kernel in caches[0].values():
                 kernel._init_handles()
                 precs = [v for v in getattr(kernel.src, "constexprs", {}).values() if isinstance(v, str)]
