@@ -271,12 +271,14 @@ VARIANT_CASES = {  # pattern -> (batch, n, m, window, causal, cross, masked, pac
     "CS packed": (1, 40, 40, 6, True, False, False, True),
     "CC target longer": (1, 45, 30, 6, True, True, False, False),
     "CC source longer, masked": (1, 20, 45, 6, True, True, True, False),
-    "NS masked": (2, 40, 40, 8, False, False, True, False),
+    "NS masked": (1, 40, 40, 8, False, False, True, False),
 }
 
 
 @pytest.mark.parametrize("case", list(VARIANT_CASES))
-@pytest.mark.parametrize("settings", [{"range_sums": "triton"}, {"dkv.KM": 2}, {"dkv.KM": 2, "dkv.SPLIT": 1}])
+@pytest.mark.parametrize(
+    "settings", [{"range_sums": "triton"}, {"dkv.KM": 2}, {"dkv.KM": 2, "dkv.SPLIT": 1}, {"cumsum": "dot"}]
+)
 def test_selectable_paths(monkeypatch, settings, case):
     # the alternatives gpu_profile --variants times, each against the reference
     _patch(monkeypatch, settings)

@@ -40,10 +40,12 @@ LAUNCH = {
     "dkv": dict(num_warps=4, num_stages=2, SPLIT=2, KM=1),  # KM: key chunks per program
     "mem_sums": dict(num_warps=8, num_stages=2),  # [C, d] fp32 sums of up to d=256 on chip; timed only in totals
 }
-# how the cross-chunk sums run (not launch settings; gpu_profile --variants times the
-# alternatives): "range_sums" "torch" (float64 prefix and gathers, several PyTorch
-# launches per call) or "triton" (chunk_scan.py, one launch)
-PATHS = {"range_sums": "torch"}
+# how parts of the computation run (not launch settings; gpu_profile --variants times the
+# alternatives): "range_sums", the cross-chunk sums, "torch" (float64 prefix and gathers,
+# several PyTorch launches per call) or "triton" (chunk_scan.py, one launch); "cumsum",
+# the in-chunk cumulative sums of the memory kernels, "scan" (tl.cumsum) or "dot" (a
+# triangular product on the tensor cores)
+PATHS = {"range_sums": "torch", "cumsum": "scan"}
 
 
 def chunk_lavo_attn(
@@ -258,7 +260,8 @@ class _LavoChunkFn(torch.autograd.Function):
         lse = torch.empty(qf.shape[0], heads, dtype=torch.float32, device=q.device)
         lavo_fwd_kernel[(len(layout.qchunks), heads)](
             qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, layout.qchunks,
-            heads, rho.shape[1], scale, R=rank, SEG=segments, **_pick(meta, _FWD_META), **LAUNCH["fwd"],
+            heads, rho.shape[1], scale, R=rank, SEG=segments, CUMSUM_DOT=PATHS["cumsum"] == "dot",
+            **_pick(meta, _FWD_META), **LAUNCH["fwd"],
         )
         ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm, segid)
         ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, scale, window, segments)
@@ -288,6 +291,7 @@ class _LavoChunkFn(torch.autograd.Function):
         dvl = (torch.zeros if m > n else torch.empty)(vf.shape, **f32)
         wsum = torch.empty(nq, segments, heads, d, **f32)
         common = _pick(meta, ("D", "BD", "RB", "NRB", "C", "NS", "HAS_MASK", "QMASK", "PREC"))
+        common["CUMSUM_DOT"] = PATHS["cumsum"] == "dot"
         lavo_mem_bwd_kernel[(groups, heads, nrb)](
             qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, db_part, dmu_part, dvl, wsum,
             heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),

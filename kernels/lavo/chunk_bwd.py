@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 from .chunk_common import (
-    key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, row_ptrs, store_rows, window_logits,
+    chunk_cumsum, key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, row_ptrs, store_rows,
+    window_logits,
 )
 
 
@@ -74,6 +75,7 @@ def _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R: tl.constexpr):
 def _store_value_grads(
     WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, first, t, m, h, H,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr,
+    CUMSUM_DOT: tl.constexpr, PREC: tl.constexpr,
 ):
     """The memory's value gradient of a query chunk, dvbar [C, BD] (per query), spread
     over the memory sets: wv = dvbar / count; WSUM[chunk, seg] = sum of wv, and, causal,
@@ -82,7 +84,7 @@ def _store_value_grads(
     wv = tl.where((cnt > 0)[:, None], dvbar / tl.maximum(cnt, 1.0)[:, None], 0.0)
     tl.store(WSUM + ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), mask=dd < D)
     if not NS:
-        store_rows(DVL, tl.cumsum(wv, 0, reverse=True), kv_row0, first, t < m, h, H, C, D, BD)
+        store_rows(DVL, chunk_cumsum(wv, C, True, CUMSUM_DOT, PREC), kv_row0, first, t < m, h, H, C, D, BD)
 
 
 @triton.jit
@@ -113,7 +115,7 @@ def lavo_mem_bwd_kernel(
     H, n_chunks, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
     GROUP: tl.constexpr, SEG: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr,
-    QMASK: tl.constexpr, PREC: tl.constexpr,
+    QMASK: tl.constexpr, PREC: tl.constexpr, CUMSUM_DOT: tl.constexpr,
 ):
     """The memory's backward, one program per GROUP query chunks, head and block of RB
     basis rows: the group's dB rows and dmu partial sums (dmu per segment, BS >= SEG
@@ -144,7 +146,8 @@ def lavo_mem_bwd_kernel(
             dg = tl.zeros([C, RB], tl.float32)
             for seg in range(SEG):
                 vbar, cnt = memory_mean(
-                    V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK
+                    V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK,
+                    CUMSUM_DOT, PREC,
                 )
                 hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, RB]
                 mu = tl.load(MU + h * SEG + seg)
@@ -155,7 +158,9 @@ def lavo_mem_bwd_kernel(
                 db_acc += mem_dot(tl.trans(dh), vbar, DT, PREC)
                 if SUMS:
                     dvbar = mem_dot(dh, basis, DT, PREC)  # [C, BD]
-                    _store_value_grads(WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS)
+                    _store_value_grads(
+                        WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS, CUMSUM_DOT, PREC
+                    )
             if SUMS:
                 store_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, c * C, t < n, h, H, C, D, BD)
             db_acc += mem_dot(tl.trans(dg), q, DT, PREC)
@@ -171,7 +176,7 @@ def lavo_mem_sums_kernel(
     H, n_chunks, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
     GROUP: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, CUMSUM_DOT: tl.constexpr,
 ):
     """With several rank blocks: the memory's dq (DQM) and value-gradient parts (DVL,
     WSUM), summed over the NRB blocks on chip; one program per GROUP query chunks and
@@ -188,7 +193,8 @@ def lavo_mem_sums_kernel(
             dq = tl.zeros([C, BD], tl.float32)
             for seg in range(SEG):
                 vbar, cnt = memory_mean(
-                    V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK
+                    V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK,
+                    CUMSUM_DOT, PREC,
                 )
                 mu = tl.load(MU + h * SEG + seg)
                 dvbar = tl.zeros([C, BD], tl.float32)
@@ -200,7 +206,9 @@ def lavo_mem_sums_kernel(
                     pm, de, dg, dh = _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R)
                     dq += mem_dot(dg, basis, DT, PREC)
                     dvbar += mem_dot(dh, basis, DT, PREC)
-                _store_value_grads(WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS)
+                _store_value_grads(
+                    WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS, CUMSUM_DOT, PREC
+                )
             store_rows(DQM, dq, q_row0, c * C, t < n, h, H, C, D, BD)
 
 

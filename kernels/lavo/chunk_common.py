@@ -76,9 +76,28 @@ def load_basis(BAS, h, r0, R: tl.constexpr, D: tl.constexpr, RB: tl.constexpr, B
 
 
 @triton.jit
+def chunk_cumsum(x, C: tl.constexpr, REVERSE: tl.constexpr, BY_DOT: tl.constexpr, PREC: tl.constexpr):
+    """Cumulative sums of x [C, BD] along the chunk axis (REVERSE: from the end), fp32.
+
+    BY_DOT: as a product with the 0/1 triangular matrix on the tensor cores (x in its
+    own dtype: bf16 values are exact operands, fp32 ones take PREC, tf32 on bf16 inputs),
+    fp32 accumulation; else Triton's scan, which crosses warps through shared memory."""
+    if BY_DOT:
+        i = tl.arange(0, C)
+        if REVERSE:
+            tri = i[:, None] <= i[None, :]
+        else:
+            tri = i[:, None] >= i[None, :]
+        return tl.dot(tri.to(x.dtype), x, input_precision=PREC)
+    else:
+        return tl.cumsum(x.to(tl.float32), 0, reverse=REVERSE)
+
+
+@triton.jit
 def memory_mean(
     V, KVM, CNT, PRE, cid, seg, h, H, first, t, tt, t_ok, kv_row0, m,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr,
+    CUMSUM_DOT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Mean of the values in each query's memory set (segment `seg`), vbar [C, BD] fp32,
     and its count [C], for the queries t = first + arange(C) of chunk `cid`.
@@ -98,8 +117,8 @@ def memory_mean(
         # the chunk's own keys sit at the same local positions as its queries, j = t
         # (keys j >= m load as 0, so a clamped query t' = m - 1 gets the same sum)
         j_ok = key_valid(KVM, kv_row0, t, m, HAS_MASK)
-        vb = load_rows(V, kv_row0, first, j_ok, h, H, C, D, BD).to(tl.float32)
-        csum = pre[None, :] + tl.cumsum(vb, 0)
+        vb = load_rows(V, kv_row0, first, j_ok, h, H, C, D, BD)
+        csum = pre[None, :] + chunk_cumsum(vb, C, False, CUMSUM_DOT, PREC)
         if HAS_MASK:
             cnt = tl.load(CNT + kv_row0 + tt, mask=t_ok, other=0.0)
         else:

@@ -45,7 +45,7 @@ def lavo_fwd_kernel(
     H, NB, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
     WINDOW: tl.constexpr, NKB: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr,
-    HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
+    HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr, CUMSUM_DOT: tl.constexpr,
 ):
     cid = tl.program_id(0)
     h = tl.program_id(1)
@@ -63,7 +63,8 @@ def lavo_fwd_kernel(
     acc = tl.zeros([C, BD], tl.float32)
     for seg in range(SEG):  # memory logits are finite, so m_i is finite from here on
         vbar, cnt = memory_mean(
-            V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK
+            V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK,
+            CUMSUM_DOT, PREC,
         )
         mu = tl.load(MU + h * SEG + seg)
         for rb in range(NRB):

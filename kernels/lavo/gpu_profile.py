@@ -32,18 +32,22 @@ from .chunk import chunk_lavo_attn
 
 HEADS, DIM, WINDOW, RANK, TOKENS = 16, 64, 128, 64, 65536
 WIDE_AFTER_S = 75  # the d = 256 medians (more kernels to compile) run only if the rest took less
-VARIANTS_BUDGET_S = 120  # --variants: no new variant starts after this (compiles take ~5 s a kernel)
+VARIANTS_BUDGET_S = 110  # --variants: no new variant starts after this (compiles take a few s a kernel)
 # name -> settings: "kernel.option" patches chunk.LAUNCH[kernel][option], a plain name
-# chunk.PATHS[name]; "default" patches nothing and is the reference of the checks
-VARIANTS = {
+# chunk.PATHS[name] or the integer constant chunk.NAME; "default" patches nothing and is
+# the reference of the checks
+VARIANTS = {  # in the order they run (the likeliest gains first, in case the budget cuts the list)
     "default": {},
     "range_sums_triton": {"range_sums": "triton"},
-    "dkv_split1": {"dkv.SPLIT": 1},  # 64-query tiles (ptxas: 1.4 KB spills)
     "dkv_km2_w8": {"dkv.KM": 2, "dkv.num_warps": 8},  # 128 keys a program (ptxas: 255 regs, 184 B spills)
     "dkv_km2_w8_split4": {"dkv.KM": 2, "dkv.num_warps": 8, "dkv.SPLIT": 4},  # 16-query tiles (40 B spills)
+    "cumsum_dot": {"cumsum": "dot"},
+    "dkv_split1": {"dkv.SPLIT": 1},  # 64-query tiles (ptxas: 1.4 KB spills)
+    "mem_bwd_group16": {"DQ_GROUP": 16},  # query chunks per memory-backward program (8)
+    "mem_bwd_group4": {"DQ_GROUP": 4},
+    "fwd_stages2": {"fwd.num_stages": 2},
     "dkv_stages1": {"dkv.num_stages": 1},
     "dkv_stages3": {"dkv.num_stages": 3},
-    "fwd_stages2": {"fwd.num_stages": 2},
     "mem_bwd_stages1": {"mem_bwd.num_stages": 1},
     "mem_bwd_stages3": {"mem_bwd.num_stages": 3},
 }
@@ -92,21 +96,31 @@ def _profile(leaves):
 
 @contextlib.contextmanager
 def patched(settings):
-    """chunk.LAUNCH and chunk.PATHS with `settings` (a VARIANTS entry) applied, restored after."""
-    saved = copy.deepcopy(chunk.LAUNCH), dict(chunk.PATHS)
+    """chunk.LAUNCH, chunk.PATHS and chunk's upper-case constants with `settings` (a
+    VARIANTS entry) applied, restored after."""
+    saved = copy.deepcopy(chunk.LAUNCH), dict(chunk.PATHS), {}
     try:
         for key, value in settings.items():
             kernel, _, option = key.rpartition(".")
-            target = chunk.LAUNCH.get(kernel) if kernel else chunk.PATHS
-            if target is None or (not kernel and option not in target):
-                raise KeyError(f"variant setting {key!r}: neither a chunk.LAUNCH kernel's option nor a chunk.PATHS entry")
-            target[option] = value
+            if kernel in chunk.LAUNCH:
+                chunk.LAUNCH[kernel][option] = value
+            elif not kernel and key in chunk.PATHS:
+                chunk.PATHS[key] = value
+            elif not kernel and key.isupper() and isinstance(getattr(chunk, key, None), int):
+                saved[2][key] = getattr(chunk, key)
+                setattr(chunk, key, value)
+            else:
+                raise KeyError(
+                    f"variant setting {key!r}: not a chunk.LAUNCH kernel's option, a chunk.PATHS entry or a chunk constant"
+                )
         yield
     finally:
         chunk.LAUNCH.clear()
         chunk.LAUNCH.update(saved[0])
         chunk.PATHS.clear()
         chunk.PATHS.update(saved[1])
+        for key, value in saved[2].items():
+            setattr(chunk, key, value)
 
 
 def outputs_and_grads(leaves, grad_out):
