@@ -185,12 +185,14 @@ def test_head_dim_over_the_kernel_limit_is_refused():
         chunk_lavo_attn(*inputs, window=4)
 
 
-@pytest.mark.parametrize("pattern", ["CS", "NS", "NC"])
-def test_memory_in_several_rank_blocks(monkeypatch, pattern):
+@pytest.mark.parametrize("pattern, cumsum", [("CS", "scan"), ("NS", "scan"), ("NC", "scan"), ("CS", "dot")])
+def test_memory_in_several_rank_blocks(monkeypatch, pattern, cumsum):
     # basis rows in blocks of 4 (64 on a GPU), rank 10 -> 3 blocks, the last one partial:
     # one online softmax across blocks (forward), per-block dB rows and summed dq / dv
-    # parts (backward); masked, so that padded keys and queries are in every block
+    # parts (backward); masked, so that padded keys and queries are in every block;
+    # the in-chunk sums also as triangular products (PATHS["cumsum"])
     monkeypatch.setattr(chunk, "RANK_BLOCK", 4)
+    monkeypatch.setitem(chunk.PATHS, "cumsum", cumsum)
     causal, cross = pattern == "CS", pattern == "NC"
     n, m = (37, 37) if not cross else (30, 41)
     inputs = make_inputs(2, n, m, 2, 12, 10, 8, causal, seed=len(pattern))
@@ -277,7 +279,8 @@ VARIANT_CASES = {  # pattern -> (batch, n, m, window, causal, cross, masked, pac
 
 @pytest.mark.parametrize("case", list(VARIANT_CASES))
 @pytest.mark.parametrize(
-    "settings", [{"range_sums": "triton"}, {"dkv.KM": 2}, {"dkv.KM": 2, "dkv.SPLIT": 1}, {"cumsum": "dot"}]
+    "settings",
+    [{"range_sums": "triton"}, {"dkv.KM": 2}, {"dkv.KM": 2, "dkv.SPLIT": 4}, {"dkv.SPLIT": 1}, {"cumsum": "dot"}],
 )
 def test_selectable_paths(monkeypatch, settings, case):
     # the alternatives gpu_profile --variants times, each against the reference

@@ -41,7 +41,12 @@ VARIANTS = {  # in the order they run (the likeliest gains first, in case the bu
     "range_sums_triton": {"range_sums": "triton"},
     "dkv_km2_w8": {"dkv.KM": 2, "dkv.num_warps": 8},  # 128 keys a program (ptxas: 255 regs, 184 B spills)
     "dkv_km2_w8_split4": {"dkv.KM": 2, "dkv.num_warps": 8, "dkv.SPLIT": 4},  # 16-query tiles (40 B spills)
+    "dkv_split4": {"dkv.SPLIT": 4},  # 16-query tiles (ptxas: 255 regs, 52 B spills; default 316 B)
     "cumsum_dot": {"cumsum": "dot"},
+    # combinations of the above (their kernels are compiled by then: timing only)
+    "range_sums_triton+dkv_split4": {"range_sums": "triton", "dkv.SPLIT": 4},
+    "range_sums_triton+dkv_km2_w8": {"range_sums": "triton", "dkv.KM": 2, "dkv.num_warps": 8},
+    "range_sums_triton+dkv_split4+cumsum_dot": {"range_sums": "triton", "dkv.SPLIT": 4, "cumsum": "dot"},
     "dkv_split1": {"dkv.SPLIT": 1},  # 64-query tiles (ptxas: 1.4 KB spills)
     "mem_bwd_group16": {"DQ_GROUP": 16},  # query chunks per memory-backward program (8)
     "mem_bwd_group4": {"DQ_GROUP": 4},
@@ -152,10 +157,10 @@ def run_variants(names, emit, started):
             row[f"fwd_ms_{t['T']}"], row[f"fwd_bwd_ms_{t['T']}"] = t["fwd_ms"], t["fwd_bwd_ms"]
         emit(row)
         rows.append(row)
-    print(f"{'variant':24s} {'fwd 1K':>8s} {'fwd 8K':>8s} {'f+b 1K':>8s} {'f+b 8K':>8s} {'rel diff':>9s}")
+    print(f"{'variant':40s} {'fwd 1K':>8s} {'fwd 8K':>8s} {'f+b 1K':>8s} {'f+b 8K':>8s} {'rel diff':>9s}")
     for row in sorted(rows, key=lambda r: r["fwd_bwd_ms_8192"]):
         print(
-            f"{row['variant']:24s} {row['fwd_ms_1024']:8.3f} {row['fwd_ms_8192']:8.3f} {row['fwd_bwd_ms_1024']:8.3f} "
+            f"{row['variant']:40s} {row['fwd_ms_1024']:8.3f} {row['fwd_ms_8192']:8.3f} {row['fwd_bwd_ms_1024']:8.3f} "
             f"{row['fwd_bwd_ms_8192']:8.3f} {row['max_rel_rms_vs_default']:9.1e}"
         )
     if skipped:
