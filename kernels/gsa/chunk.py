@@ -96,9 +96,12 @@ WARPS = {"output": 4, "query": 4, "key": 4}
 # Slot counts up to WHOLE_MAX_SLOTS and head dims up to WHOLE_MAX_DIM run the kernels of
 # `whole_chunk_kernels.py` (one program per chunk, BT-row products) in place of the
 # per-sub-chunk ones; WHOLE_BC rows per block of their intra-chunk split (a divisor of BT).
+# H200, 2026-11-30 13:50 (bf16, H=16, d=M=64, T=1K / 64K fwd+bwd ms): blocks of 64 and
+# 4 warps 7.91 / 9.67; 8 warps 8.89 / 10.65; blocks of 32: 11.09 (8 warps), of 16: 14.43;
+# the per-sub-chunk kernels 15.36 / 17.12.
 WHOLE_MAX_SLOTS, WHOLE_MAX_DIM = 64, 128
 WHOLE_BC = 64
-WHOLE_WARPS = {"output": 8, "query": 8, "key": 8}
+WHOLE_WARPS = {"output": 4, "query": 4, "key": 4}
 
 
 class _Config:
