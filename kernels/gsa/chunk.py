@@ -55,9 +55,9 @@ def _layout(lengths: tuple, device: torch.device):
     """Index tables of the packed sequences (int64, on `device`).
 
     cu [NS+1]: first token of each sequence; coff [NS+1]: first chunk of each sequence;
-    chunks [NC, 2]: per chunk (first row, sequence end); sub [NSUB, 4]: per sub-chunk
-    (first row, its chunk's first row, chunk index, sequence end).
-    Returns (cu, coff, chunks, sub, number of chunks, number of sub-chunks).
+    chunks [NC, 2]: per chunk (first row, sequence end); chunk_seq [NC]: its sequence;
+    sub [NSUB, 4]: per sub-chunk (first row, its chunk's first row, chunk index, sequence end).
+    Returns (cu, coff, chunks, chunk_seq, sub, number of chunks, number of sub-chunks).
     """
     lens = torch.tensor(lengths, dtype=torch.int64)
     zero = torch.zeros(1, dtype=torch.int64)
@@ -73,7 +73,7 @@ def _layout(lengths: tuple, device: torch.device):
     chunk_local = local * BC // BT
     sub = torch.stack([cu[seq] + local * BC, cu[seq] + chunk_local * BT, coff[seq] + chunk_local, cu[seq + 1]], 1)
     to = dict(dtype=torch.int64, device=device)  # int64 offsets: no overflow at any length
-    return (cu.to(**to), coff.to(**to), chunks.contiguous().to(**to), sub.contiguous().to(**to),
+    return (cu.to(**to), coff.to(**to), chunks.contiguous().to(**to), chunk_seq.to(**to), sub.contiguous().to(**to),
             int(coff[-1]), int(sub.shape[0]))
 
 
@@ -132,7 +132,7 @@ class _CausalGSA(torch.autograd.Function):
     def forward(ctx, q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
         n_tok, heads, dk = q.shape
         dv, slots = v.shape[-1], g.shape[-1]
-        cu, coff, chunks, sub, n_chunks, n_sub = _layout(lengths, q.device)
+        cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(lengths, q.device)
         n_seq = len(lengths)
         cfg = _Config(dk, dv, slots, q.dtype)
         f32 = dict(dtype=torch.float32, device=q.device)
@@ -174,7 +174,7 @@ class _CausalGSA(torch.autograd.Function):
         scale, lengths, cfg = ctx.scale, ctx.lengths, ctx.cfg
         n_tok, heads, dk = q.shape
         dv, slots = v.shape[-1], g.shape[-1]
-        cu, coff, chunks, sub, n_chunks, n_sub = _layout(lengths, q.device)
+        cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(lengths, q.device)
         n_seq = len(lengths)
         do = do.contiguous()
         p, dz, dgate = torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
@@ -206,28 +206,46 @@ class _CausalGSA(torch.autograd.Function):
               reverse=True)
 
         dk_, dv_, dg = torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
-        ds = torch.empty(2, *g.shape, **f32)  # the K~ and V~ shares of the write weights' gradient
-        for w, x, y, dn, dy, share, d, bd, db, sc in ((dz, q, k, dnk, dk_, ds[0], dk, cfg.BK, cfg.DBK, scale),
-                                                      (p, do, v, dnv, dv_, ds[1], dv, cfg.BV, cfg.DBV, 1.0)):
-            if cfg.whole:
-                W._whole_key_bwd_kernel[(n_chunks, heads)](
-                    w, x, y, dn, g, b, chunks, dy, share, sc, heads, slots, d,
-                    BT=BT, BC=WHOLE_BC, BM=cfg.BM, BD=bd, SPAN=SPAN, **cfg.prec, num_warps=cfg.warps["key"])
-            else:
-                K._key_bwd_kernel[(n_sub, heads)](
-                    w, x, y, dn, g, b, sub, dy, share, sc, heads, slots, d,
-                    BT=BT, BC=BC, BM=cfg.BM, BD=bd, DB=db, SPAN=SPAN, **cfg.prec, num_warps=cfg.warps["key"])
         # the final state is a read at each sequence's last row: its share of the gate grad
         if has_dht:
             carry = (dhk * hk).sum(-1) + (dhv * hv).sum(-1)
         else:
             carry = torch.zeros(n_seq, heads, slots, **f32)
-        K._gate_grad_kernel[(n_seq * heads, triton.cdiv(slots, GATE_SLOTS))](
-            dgate, ds[0], ds[1], g, dg, carry, cu, heads, slots, BT=BT, BM=GATE_SLOTS, WHILE_LOOPS=WHILE_LOOPS,
-            num_warps=4)
+        if cfg.whole:
+            _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, coff, chunk_seq, carry, dk_, dv_, dg,
+                            scale, cfg)
+        else:
+            ds = torch.empty(2, *g.shape, **f32)  # the K~ and V~ shares of the write weights' gradient
+            for w, x, y, dn, dy, share, d, bd, db, sc in ((dz, q, k, dnk, dk_, ds[0], dk, cfg.BK, cfg.DBK, scale),
+                                                          (p, do, v, dnv, dv_, ds[1], dv, cfg.BV, cfg.DBV, 1.0)):
+                K._key_bwd_kernel[(n_sub, heads)](
+                    w, x, y, dn, g, b, sub, dy, share, sc, heads, slots, d,
+                    BT=BT, BC=BC, BM=cfg.BM, BD=bd, DB=db, SPAN=SPAN, **cfg.prec, num_warps=cfg.warps["key"])
+            K._gate_grad_kernel[(n_seq * heads, triton.cdiv(slots, GATE_SLOTS))](
+                dgate, ds[0], ds[1], g, dg, carry, cu, heads, slots, BT=BT, BM=GATE_SLOTS, WHILE_LOOPS=WHILE_LOOPS,
+                num_warps=4)
         if not ctx.has_h0:
             dh0k = dh0v = None
         return dq, dk_, dv_, dg, dh0k, dh0v, None, None, None
+
+
+def _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, coff, chunk_seq, carry, dk, dv, dg, scale,
+                    cfg):
+    """The key side of the backward on the whole-chunk kernels, and the log-gate gradient:
+    two launches (dk, then dv, the second finishing each chunk's part of dg and its total),
+    the sums over later chunks (float64, from the totals), and their add to dg."""
+    n_chunks, heads, slots = len(chunks), g.shape[1], g.shape[2]
+    share = torch.empty_like(g)  # the first launch's share of the write weights' gradient
+    totals = torch.empty(n_chunks, heads, slots, dtype=torch.float32, device=g.device)
+    for w, x, y, dn, dy, sc, bd, last in ((dz, q, k, dnk, dk, scale, cfg.BK, False), (p, do, v, dnv, dv, 1.0, cfg.BV, True)):
+        W._whole_key_bwd_kernel[(n_chunks, heads)](
+            w, x, y, dn, g, b, chunks, dy, share, dgate, dg, totals, sc, heads, slots, y.shape[-1],
+            BT=BT, BC=WHOLE_BC, BM=cfg.BM, BD=bd, SPAN=SPAN, LAST=last, **cfg.prec, num_warps=cfg.warps["key"])
+    # per chunk: the totals of the later chunks of its sequence, plus the final state's share
+    after = torch.cat([totals.double().flip(0).cumsum(0).flip(0), totals.new_zeros(1, heads, slots, dtype=torch.float64)])
+    suffix = after[1:] - after[coff[1:][chunk_seq]] + carry[chunk_seq]
+    W._add_chunk_suffix_kernel[(n_chunks, heads)](dg, suffix.float().contiguous(), chunks, heads, slots, BT=BT,
+                                                  BM=cfg.BM, num_warps=4)
 
 
 def _scan(bufs, gsum, inits, lasts, coff, dims, n_seq, heads, slots, *, reverse):

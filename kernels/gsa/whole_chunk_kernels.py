@@ -332,9 +332,10 @@ def _whole_query_bwd_kernel(
 
 @triton.jit
 def _whole_key_bwd_kernel(
-    w_ptr, x_ptr, y_ptr, dn_ptr, g_ptr, b_ptr, chunk_ptr, dy_ptr, ds_ptr, sc, H, M, D,
+    w_ptr, x_ptr, y_ptr, dn_ptr, g_ptr, b_ptr, chunk_ptr, dy_ptr, ds_ptr, dgate_ptr, dg_ptr, total_ptr,
+    sc, H, M, D,
     BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
-    PREC_S: tl.constexpr, PREC_V: tl.constexpr, SPAN: tl.constexpr,
+    PREC_S: tl.constexpr, PREC_V: tl.constexpr, SPAN: tl.constexpr, LAST: tl.constexpr,
 ):
     """Key side of the backward for the key rows j of one chunk, one head, from the queries
     t >= j of the chunk and from the state gradient at the chunk end (dn); run twice, with
@@ -344,9 +345,14 @@ def _whole_key_bwd_kernel(
         ds_j,m = exp(G_m - b_j,m) (y_j . dn_m) + sc sum_t exp(b_t,m - b_j,m) (y_j . x_t) w_t,m
         dy_j = (s_j exp(G - b_j)) dn + sc sum_t (sum_m w_t,m s_j,m exp(b_t,m - b_j,m)) x_t
 
-    stores dy (dk or dv) and this launch's share of ds [BT, M] (summed with the other
-    share by `_gate_grad_kernel`). The pairs split as in the forward: query block i's
-    reference row r_i, exp(b_t - b_r) on the query side, exp(b_r - b_j) on the key side.
+    stores dy (dk or dv). The first launch stores its share of ds [BT, M] in ds; the
+    second (LAST) adds it to its own and turns ds into the chunk's part of the log-gate
+    gradient: with x = dgate - s ds (the gradient with respect to the cumulative log-gate,
+    which reaches every g of the sequence up to its row) it stores
+    dg = -exp(g) ds + sum_{t' >= t in the chunk} x_t' and the chunk's total sum_t x_t
+    ([NC, H, M]); what later chunks add comes after (`_add_chunk_suffix_kernel`).
+    The pairs split as in the forward: query block i's reference row r_i, exp(b_t - b_r)
+    on the query side, exp(b_r - b_j) on the key side.
     """
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     t0, n, o_t, m_t = _chunk_rows(chunk_ptr, i_c, BT)
@@ -376,4 +382,25 @@ def _whole_key_bwd_kernel(
         ds += sc * _exact_key_diagonal(wb, xb, y, bb, b, n, HD, HM, D, M, BT, BM, BD, BC)
     dy += sc * _dot(tl.trans(weights), x.to(tl.float32), PREC_V)
     _store_tile(_base(dy_ptr, t0, i_h, H, D), dy, o_t, m_t, HD, D, BD)
-    _store_tile(_base(ds_ptr, t0, i_h, H, M), ds, o_t, m_t, HM, M, BM)
+    dsb = _base(ds_ptr, t0, i_h, H, M)
+    if LAST:  # rows past the end: ds = dgate = 0
+        ds += _tile(dsb, o_t, m_t, HM, M, BM)
+        x = _tile(_base(dgate_ptr, t0, i_h, H, M), o_t, m_t, HM, M, BM) - s * ds
+        dg = (s - 1.0) * ds + tl.cumsum(x, 0, reverse=True)
+        _store_tile(_base(dg_ptr, t0, i_h, H, M), dg, o_t, m_t, HM, M, BM)
+        o_m = tl.arange(0, BM)
+        tl.store(total_ptr + (i_c.to(tl.int64) * H + i_h) * M + o_m, tl.sum(x, 0), mask=o_m < M)
+    else:
+        _store_tile(dsb, ds, o_t, m_t, HM, M, BM)
+
+
+@triton.jit
+def _add_chunk_suffix_kernel(dg_ptr, suffix_ptr, chunk_ptr, H, M, BT: tl.constexpr, BM: tl.constexpr):
+    """dg += suffix[c] on every row of chunk c (one head): what the later chunks of the
+    sequence, and its final state, add to the log-gate gradient."""
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    t0, n, o_t, m_t = _chunk_rows(chunk_ptr, i_c, BT)
+    o_m = tl.arange(0, BM)
+    add = tl.load(suffix_ptr + (i_c.to(tl.int64) * H + i_h) * M + o_m, mask=o_m < M, other=0.0)
+    base = _base(dg_ptr, t0, i_h, H, M)
+    _store_tile(base, _tile(base, o_t, m_t, H * M, M, BM) + add[None, :], o_t, m_t, H * M, M, BM)
