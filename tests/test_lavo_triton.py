@@ -300,4 +300,5 @@ def test_selectable_paths_noncausal_segments(monkeypatch, settings):
     _patch(monkeypatch, settings)
     q, k, v, basis, _, _ = make_inputs(2, 30, 37, 2, 8, 4, 4, False, seed=30)
     opts = {**options(4, causal=False, cross=True, kv_mask=random_mask(2, 37, seed=2, keep_first=False)), "segments": 2}
-    check_against_reference(small_chunks, [q, k, v, basis, None, torch.randn(2, 2)], compared=("q", "v", "basis", "mem_bias"), **opts)
+    inputs = [q, k, v, basis, None, torch.randn(2, 2)]
+    check_against_reference(small_chunks, inputs, compared=("q", "v", "basis", "mem_bias"), **opts)

@@ -147,7 +147,9 @@ def _prefix_sums(sums, layout):
     """Per query chunk, the sum of the key-chunk totals `sums` [key chunks, ...] before it
     (all of them, noncausal) -> [query chunks, ...] fp32."""
     if PATHS["range_sums"] == "triton":
-        return chunk_range_sums(sums, layout.seqs, len(layout.qchunks), layout.longest, suffix=False, total=layout.noncausal)
+        return chunk_range_sums(
+            sums, layout.seqs, len(layout.qchunks), layout.longest, suffix=False, total=layout.noncausal
+        )
     return _range_sums(sums, layout.pre_hi, layout.pre_lo)
 
 
@@ -155,7 +157,9 @@ def _suffix_sums(wsum, layout):
     """Per key chunk, the sum of the query-chunk totals `wsum` [query chunks, ...] after it
     (all of them, noncausal) -> [key chunks, ...] fp32."""
     if PATHS["range_sums"] == "triton":
-        return chunk_range_sums(wsum, layout.seqs, len(layout.kchunks), layout.longest, suffix=True, total=layout.noncausal)
+        return chunk_range_sums(
+            wsum, layout.seqs, len(layout.kchunks), layout.longest, suffix=True, total=layout.noncausal
+        )
     return _range_sums(wsum, layout.suf_hi, layout.suf_lo)
 
 
@@ -276,7 +280,7 @@ class _LavoChunkFn(torch.autograd.Function):
         layout, meta = ctx.layout, ctx.meta
         batch, n, m, heads, d, rank, scale, window, segments = ctx.dims
         dof = do.contiguous().view(-1, heads, d)
-        nq, nk = len(layout.qchunks), len(layout.kchunks)
+        nq = len(layout.qchunks)
         groups = math.ceil(nq / DQ_GROUP)
         f32 = dict(dtype=torch.float32, device=qf.device)
         nrb = meta["NRB"]

@@ -54,7 +54,8 @@ def _store_tile(PTR, x, first, i, n, cols, col_ok, W, TB: tl.constexpr):
 
 @triton.jit
 def chunk_range_sums_kernel(
-    TOT, OUT, SEQS, W, TILES: tl.constexpr, TB: tl.constexpr, BW: tl.constexpr, SUFFIX: tl.constexpr, TOTAL: tl.constexpr
+    TOT, OUT, SEQS, W,
+    TILES: tl.constexpr, TB: tl.constexpr, BW: tl.constexpr, SUFFIX: tl.constexpr, TOTAL: tl.constexpr,
 ):
     """Prefix (SUFFIX False): OUT[query chunk c] = sum of TOT[key chunks 0 .. c-1] of its
     sequence (all of them when c is past the last). Suffix: OUT[key chunk c] = sum of

@@ -12,10 +12,11 @@ benchmark against SDPA and FlexAttention is `python -m lavo_tasks.bench`.
 With `--variants` (all of VARIANTS, or the names given) it times instead, for each
 variant, the forward and forward+backward medians at T = 1K and 8K with chunk.py's
 LAUNCH / PATHS patched as the variant says, checks the variant's output and gradients
-at 1K against the default's (relative RMS difference; the default itself is checked
-against the fp32 PyTorch path by tests/test_gpu_lavo.py), then prints a table sorted by
-the 8K forward+backward time and the kernel table of the fastest variant. Variants past
-VARIANTS_BUDGET_S seconds are skipped (listed); the d = 256 medians are not run.
+(B = 4, T = 1K, nonzero biases) against the fp32 PyTorch path (largest relative RMS
+error; WRONG above CHECK_TOL, as tests/test_gpu_lavo.py's bf16 tests), then prints a
+table sorted by the 8K forward+backward time and the kernel table of the fastest
+correct variant. Variants past VARIANTS_BUDGET_S seconds are skipped (listed); the
+d = 256 medians are not run.
 """
 
 import argparse
@@ -29,10 +30,12 @@ from triton.testing import do_bench
 
 from . import chunk
 from .chunk import chunk_lavo_attn
+from .torch_path import torch_lavo_attn
 
 HEADS, DIM, WINDOW, RANK, TOKENS = 16, 64, 128, 64, 65536
 WIDE_AFTER_S = 75  # the d = 256 medians (more kernels to compile) run only if the rest took less
 VARIANTS_BUDGET_S = 110  # --variants: no new variant starts after this (compiles take a few s a kernel)
+CHECK_TOL = 5e-3  # --variants: relative RMS error allowed against the fp32 PyTorch path (ATTENTION.md section 4)
 # name -> settings: "kernel.option" patches chunk.LAUNCH[kernel][option], a plain name
 # chunk.PATHS[name] or the integer constant chunk.NAME; "default" patches nothing and is
 # the reference of the checks
@@ -116,7 +119,8 @@ def patched(settings):
                 setattr(chunk, key, value)
             else:
                 raise KeyError(
-                    f"variant setting {key!r}: not a chunk.LAUNCH kernel's option, a chunk.PATHS entry or a chunk constant"
+                    f"variant setting {key!r}: not a chunk.LAUNCH kernel's option, a chunk.PATHS entry or a "
+                    "chunk constant"
                 )
         yield
     finally:
@@ -128,47 +132,58 @@ def patched(settings):
             setattr(chunk, key, value)
 
 
-def outputs_and_grads(leaves, grad_out):
-    """The output and the six gradients of one forward+backward, as fp64 copies."""
-    for x in leaves:
-        x.grad = None
-    out = chunk_lavo_attn(*leaves, window=WINDOW)
-    out.backward(grad_out)
+def outputs_and_grads(run, leaves, grad_out):
+    """The output and the six gradients of run(*leaves) (a fresh copy of each leaf), as fp64."""
+    leaves = [x.detach().clone().requires_grad_() for x in leaves]
+    out = run(*leaves)
+    out.backward(grad_out.to(out.dtype))
     return [out.detach().double()] + [x.grad.double() for x in leaves]
 
 
+def check_inputs(batch=4, T=1024):
+    """bf16 q, k, v and nonzero biases, for the checks against the fp32 PyTorch path."""
+    q, k, v, basis, _, _ = inputs(T)
+    q, k, v = (x.detach()[:batch] for x in (q, k, v))
+    biases = 0.5 * torch.randn(HEADS, WINDOW, device=q.device), torch.randn(HEADS, device=q.device)
+    return [q, k, v, basis.detach(), *biases]
+
+
 def run_variants(names, emit, started):
-    """Medians per variant, its difference to the default at 1K, a summary and the fastest one's kernel table."""
+    """Medians per variant, its error against the fp32 PyTorch path, a summary and the
+    fastest correct one's kernel table."""
     leaves = {T: inputs(T) for T in (1024, 8192)}
-    grad_out = torch.randn_like(leaves[1024][0])
-    with patched({}):
-        reference = outputs_and_grads(leaves[1024], grad_out)
+    checked = check_inputs()
+    grad_out = torch.randn_like(checked[0], dtype=torch.float32)
+    options = dict(window=WINDOW, causal=True, cross=False, segments=1, scale=None, kv_mask=None, cu_seqlens=None)
+    fp32 = [x.float() for x in checked]
+    reference = outputs_and_grads(lambda *xs: torch_lavo_attn(*xs, **options), fp32, grad_out)
     rows, skipped = [], []
     for name in names:
         if time.monotonic() - started > VARIANTS_BUDGET_S:
             skipped.append(name)
             continue
         with patched(VARIANTS[name]):
-            got = outputs_and_grads(leaves[1024], grad_out)
-            diff = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, reference))
+            got = outputs_and_grads(lambda *xs: chunk_lavo_attn(*xs, window=WINDOW), checked, grad_out)
+            error = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, reference))
             times = [medians(T, leaves=leaves[T]) for T in (1024, 8192)]
-        row = {"variant": name, "settings": VARIANTS[name], "max_rel_rms_vs_default": diff}
+        row = {"variant": name, "settings": VARIANTS[name], "max_rel_rms_error": error, "ok": error <= CHECK_TOL}
         for t in times:
             row[f"fwd_ms_{t['T']}"], row[f"fwd_bwd_ms_{t['T']}"] = t["fwd_ms"], t["fwd_bwd_ms"]
         emit(row)
         rows.append(row)
-    print(f"{'variant':40s} {'fwd 1K':>8s} {'fwd 8K':>8s} {'f+b 1K':>8s} {'f+b 8K':>8s} {'rel diff':>9s}")
+    print(f"{'variant':40s} {'fwd 1K':>8s} {'fwd 8K':>8s} {'f+b 1K':>8s} {'f+b 8K':>8s} {'error':>8s}")
     for row in sorted(rows, key=lambda r: r["fwd_bwd_ms_8192"]):
         print(
             f"{row['variant']:40s} {row['fwd_ms_1024']:8.3f} {row['fwd_ms_8192']:8.3f} {row['fwd_bwd_ms_1024']:8.3f} "
-            f"{row['fwd_bwd_ms_8192']:8.3f} {row['max_rel_rms_vs_default']:9.1e}"
+            f"{row['fwd_bwd_ms_8192']:8.3f} {row['max_rel_rms_error']:8.1e}{'' if row['ok'] else ' WRONG'}"
         )
     if skipped:
         print(f"skipped (past {VARIANTS_BUDGET_S} s): {' '.join(skipped)}")
-    del leaves, reference, got
-    if rows:
-        best = min(rows, key=lambda r: r["fwd_bwd_ms_8192"])
-        print(f"kernels of the fastest variant, {best['variant']}, T = 4K:")
+    del leaves, reference
+    correct = [row for row in rows if row["ok"]]
+    if correct:
+        best = min(correct, key=lambda r: r["fwd_bwd_ms_8192"])
+        print(f"kernels of the fastest correct variant, {best['variant']}, T = 4K:")
         with patched(VARIANTS[best["variant"]]):
             print(kernel_table(4096), flush=True)
 
