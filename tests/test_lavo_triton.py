@@ -280,7 +280,10 @@ VARIANT_CASES = {  # pattern -> (batch, n, m, window, causal, cross, masked, pac
 @pytest.mark.parametrize("case", list(VARIANT_CASES))
 @pytest.mark.parametrize(
     "settings",
-    [{"range_sums": "triton"}, {"dkv.KM": 2}, {"dkv.KM": 2, "dkv.SPLIT": 4}, {"dkv.SPLIT": 1}, {"cumsum": "dot"}],
+    [
+        {"range_sums": "triton"}, {"dkv.KM": 2}, {"dkv.KM": 2, "dkv.SPLIT": 4}, {"dkv.SPLIT": 1}, {"cumsum": "dot"},
+        {"fwd.QM": 2}, {"fwd.QM": 2, "cumsum": "dot"},
+    ],
 )
 def test_selectable_paths(monkeypatch, settings, case):
     # the alternatives gpu_profile --variants times, each against the reference
@@ -293,7 +296,7 @@ def test_selectable_paths(monkeypatch, settings, case):
     check_against_reference(small_chunks, inputs, **opts)
 
 
-@pytest.mark.parametrize("settings", [{"range_sums": "triton"}, {"dkv.KM": 2}])
+@pytest.mark.parametrize("settings", [{"range_sums": "triton"}, {"dkv.KM": 2}, {"fwd.QM": 2}])
 def test_selectable_paths_noncausal_segments(monkeypatch, settings):
     # NC with two segment memories: the Triton range sums (the totals of each sequence),
     # dkv's per-key suffix rows of its segment and chunk

@@ -35,7 +35,7 @@ MAX_HEAD_DIM = 256
 # d=256; ptxas's own register count beat a cap of 168; dkv: query tiles of C/2 rows
 # (SPLIT 2) beat whole blocks
 LAUNCH = {
-    "fwd": dict(num_warps=4, num_stages=3),
+    "fwd": dict(num_warps=4, num_stages=3, QM=1),  # QM: query chunks per program
     "mem_bwd": dict(num_warps=4, num_stages=2),
     "dkv": dict(num_warps=4, num_stages=2, SPLIT=2, KM=1),  # KM: key chunks per program
     "mem_sums": dict(num_warps=8, num_stages=2),  # [C, d] fp32 sums of up to d=256 on chip; timed only in totals
@@ -113,28 +113,33 @@ class _Layout:
                 suf_hi.append(qfirst + nqc)
         as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=device).reshape(len(x), -1)
         self.qchunks, self.kchunks, self.seqs = as_tensor(qrows), as_tensor(krows), as_tensor(spans)
-        self._spans, self._key_blocks = spans, {}
+        self._spans, self._blocks = spans, {}
         self.noncausal = noncausal
         self.longest = max((max(nqc, nkc) for _, nqc, _, nkc in spans), default=0)
         idx = lambda x: torch.tensor(x, dtype=torch.long, device=device)
         self.pre_hi, self.pre_lo, self.suf_hi, self.suf_lo, self.qseq = map(idx, (pre_hi, pre_lo, suf_hi, suf_lo, qseq))
 
-    def key_blocks(self, per_block):
-        """The key chunks in blocks of `per_block` per sequence (the last one may be short):
-        a chunk table with one row per block (chunk index: the block's first chunk) and
-        each block's first row in the key-chunk table (int32), built once per size."""
+    def blocks(self, per_block, keys):
+        """The query (keys=False) or key chunks in blocks of `per_block` per sequence (the
+        last one may be short): a chunk table with one row per block (chunk index: the
+        block's first chunk) and each block's first row in the query- or key-chunk table
+        (int32), built once per size."""
+        table = self.kchunks if keys else self.qchunks
         if per_block == 1:
-            return self.kchunks, self.kchunks  # the second is a placeholder the kernel never reads
-        if per_block not in self._key_blocks:
+            return table, table  # the second is a placeholder the kernels never read
+        if (per_block, keys) not in self._blocks:
             rows, first = [], []
-            for _, _, kfirst, nkc in self._spans:
-                for b in range(0, nkc, per_block):
-                    rows.append(self.kchunks[kfirst + b].tolist())
-                    first.append(kfirst + b)
-            device = self.kchunks.device
-            table = torch.tensor(rows, dtype=torch.int32, device=device).reshape(len(rows), 5)
-            self._key_blocks[per_block] = table, torch.tensor(first, dtype=torch.int32, device=device)
-        return self._key_blocks[per_block]
+            for qfirst, nqc, kfirst, nkc in self._spans:
+                row0, count = (kfirst, nkc) if keys else (qfirst, nqc)
+                for b in range(0, count, per_block):
+                    rows.append(table[row0 + b].tolist())
+                    first.append(row0 + b)
+            device = table.device
+            self._blocks[per_block, keys] = (
+                torch.tensor(rows, dtype=torch.int32, device=device).reshape(len(rows), 5),
+                torch.tensor(first, dtype=torch.int32, device=device),
+            )
+        return self._blocks[per_block, keys]
 
 
 @functools.lru_cache(maxsize=64)
@@ -262,10 +267,12 @@ class _LavoChunkFn(torch.autograd.Function):
         pre = _prefix_sums(sums, layout)  # [query chunks, S, H, d]
         o = torch.empty_like(qf)
         lse = torch.empty(qf.shape[0], heads, dtype=torch.float32, device=q.device)
-        lavo_fwd_kernel[(len(layout.qchunks), heads)](
-            qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, layout.qchunks,
+        per_block = LAUNCH["fwd"]["QM"]  # query chunks per program
+        qblocks, qfirst = layout.blocks(per_block, keys=False)
+        lavo_fwd_kernel[(len(qblocks), heads)](
+            qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, qblocks, qfirst,
             heads, rho.shape[1], scale, R=rank, SEG=segments, CUMSUM_DOT=PATHS["cumsum"] == "dot",
-            **_pick(meta, _FWD_META), **LAUNCH["fwd"],
+            NKB=meta["NKB"] + per_block - 1 if meta["NKB"] else 0, **_pick(meta, _FWD_META), **LAUNCH["fwd"],
         )
         ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm, segid)
         ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, scale, window, segments)
@@ -314,7 +321,7 @@ class _LavoChunkFn(torch.autograd.Function):
         dk = torch.empty_like(kf)
         dv = torch.empty_like(vf)
         per_block = LAUNCH["dkv"]["KM"]  # key chunks per program
-        kblocks, ksuf = layout.key_blocks(per_block)
+        kblocks, ksuf = layout.blocks(per_block, keys=True)
         nqb = meta["NQB"] + per_block - 1 if meta["NQB"] else 0  # the window's queries span KM - 1 chunks more
         lavo_dkv_kernel[(len(kblocks), heads)](
             qf, kf, vf, dof, lse, delta, rho, kvm, segid, kblocks, ksuf, dvl, suf, dq_mem, drho, dk, dv,
@@ -335,7 +342,7 @@ class _LavoChunkFn(torch.autograd.Function):
 
 
 # compile-time arguments of the forward kernel
-_FWD_META = ("D", "BD", "RB", "NRB", "C", "WINDOW", "NKB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
+_FWD_META = ("D", "BD", "RB", "NRB", "C", "WINDOW", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
 _DKV_META = ("D", "BD", "C", "WINDOW", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
 
 

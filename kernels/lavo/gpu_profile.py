@@ -45,11 +45,19 @@ VARIANTS = {  # in the order they run (the likeliest gains first, in case the bu
     "dkv_km2_w8": {"dkv.KM": 2, "dkv.num_warps": 8},  # 128 keys a program (ptxas: 255 regs, 184 B spills)
     "dkv_km2_w8_split4": {"dkv.KM": 2, "dkv.num_warps": 8, "dkv.SPLIT": 4},  # 16-query tiles (40 B spills)
     "dkv_split4": {"dkv.SPLIT": 4},  # 16-query tiles (ptxas: 255 regs, 52 B spills; default 316 B)
+    "fwd_qm2_w8": {"fwd.QM": 2, "fwd.num_warps": 8},  # 128 queries a program (ptxas: 249 regs, no spills)
+    "fwd_qm2_w8_stages2": {"fwd.QM": 2, "fwd.num_warps": 8, "fwd.num_stages": 2},  # 246 regs, no spills
     "cumsum_dot": {"cumsum": "dot"},
     # combinations of the above (their kernels are compiled by then: timing only)
     "range_sums_triton+dkv_split4": {"range_sums": "triton", "dkv.SPLIT": 4},
     "range_sums_triton+dkv_km2_w8": {"range_sums": "triton", "dkv.KM": 2, "dkv.num_warps": 8},
     "range_sums_triton+dkv_split4+cumsum_dot": {"range_sums": "triton", "dkv.SPLIT": 4, "cumsum": "dot"},
+    "range_sums_triton+dkv_split4+fwd_qm2_w8": {
+        "range_sums": "triton", "dkv.SPLIT": 4, "fwd.QM": 2, "fwd.num_warps": 8,
+    },
+    "range_sums_triton+dkv_km2_w8+fwd_qm2_w8": {
+        "range_sums": "triton", "dkv.KM": 2, "dkv.num_warps": 8, "fwd.QM": 2, "fwd.num_warps": 8,
+    },
     "dkv_split1": {"dkv.SPLIT": 1},  # 64-query tiles (ptxas: 1.4 KB spills)
     "mem_bwd_group16": {"DQ_GROUP": 16},  # query chunks per memory-backward program (8)
     "mem_bwd_group4": {"DQ_GROUP": 4},
