@@ -241,9 +241,11 @@ def _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, coff, chu
         W._whole_key_bwd_kernel[(n_chunks, heads)](
             w, x, y, dn, g, b, chunks, dy, share, dgate, dg, totals, sc, heads, slots, y.shape[-1],
             BT=BT, BC=WHOLE_BC, BM=cfg.BM, BD=bd, SPAN=SPAN, LAST=last, **cfg.prec, num_warps=cfg.warps["key"])
-    # per chunk: the totals of the later chunks of its sequence, plus the final state's share
-    after = torch.cat([totals.double().flip(0).cumsum(0).flip(0), totals.new_zeros(1, heads, slots, dtype=torch.float64)])
-    suffix = after[1:] - after[coff[1:][chunk_seq]] + carry[chunk_seq]
+    # per chunk: the totals of the later chunks of its sequence, plus the final state's share;
+    # prefix sums along the innermost axis (PyTorch's scan along the outer one took 0.19 ms)
+    before = totals.double().movedim(0, -1).cumsum(-1)  # [H, M, NC]: chunks up to c
+    ends = coff[1:][chunk_seq] - 1  # each chunk's sequence's last chunk
+    suffix = (before[..., ends] - before).movedim(-1, 0) + carry[chunk_seq]  # [NC, H, M]
     W._add_chunk_suffix_kernel[(n_chunks, heads)](dg, suffix.float().contiguous(), chunks, heads, slots, BT=BT,
                                                   BM=cfg.BM, num_warps=4)
 
