@@ -232,15 +232,14 @@ class _CausalGSA(torch.autograd.Function):
 def _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, coff, chunk_seq, carry, dk, dv, dg, scale,
                     cfg):
     """The key side of the backward on the whole-chunk kernels, and the log-gate gradient:
-    two launches (dk, then dv, the second finishing each chunk's part of dg and its total),
-    the sums over later chunks (float64, from the totals), and their add to dg."""
+    one launch (dk, dv, each chunk's part of dg and its total), the sums over later chunks
+    (float64, from the totals), and their add to dg."""
     n_chunks, heads, slots = len(chunks), g.shape[1], g.shape[2]
-    share = torch.empty_like(g)  # the first launch's share of the write weights' gradient
     totals = torch.empty(n_chunks, heads, slots, dtype=torch.float32, device=g.device)
-    for w, x, y, dn, dy, sc, bd, last in ((dz, q, k, dnk, dk, scale, cfg.BK, False), (p, do, v, dnv, dv, 1.0, cfg.BV, True)):
-        W._whole_key_bwd_kernel[(n_chunks, heads)](
-            w, x, y, dn, g, b, chunks, dy, share, dgate, dg, totals, sc, heads, slots, y.shape[-1],
-            BT=BT, BC=WHOLE_BC, BM=cfg.BM, BD=bd, SPAN=SPAN, LAST=last, **cfg.prec, num_warps=cfg.warps["key"])
+    W._whole_key_bwd_kernel[(n_chunks, heads)](
+        dz, q, k, dnk, p, do, v, dnv, g, b, dgate, chunks, dk, dv, dg, totals, scale, heads, slots, k.shape[-1],
+        v.shape[-1], BT=BT, BC=WHOLE_BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
+        num_warps=cfg.warps["key"])
     # per chunk: the totals of the later chunks of its sequence, plus the final state's share;
     # prefix sums along the innermost axis (PyTorch's scan along the outer one took 0.19 ms)
     before = totals.double().movedim(0, -1).cumsum(-1)  # [H, M, NC]: chunks up to c

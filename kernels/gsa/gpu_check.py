@@ -31,11 +31,11 @@ HEADS, DIM, SLOTS, TOKENS = 16, 64, 64, 65536
 # settings of `chunk` to compare against its defaults ("base")
 VARIANTS = {
     "base": {},
-    "warps4": {"WHOLE_WARPS": {"output": 4, "query": 4, "key": 4}},
-    "blocks16": {"WHOLE_BC": 16},  # blocks of 16 rows in the whole-chunk kernels' intra-chunk split
-    "blocks32": {"WHOLE_BC": 32},
-    "sub_chunks": {"WHOLE_MAX_SLOTS": 0},  # the per-sub-chunk kernels (those of wide sizes)
+    "key_warps8": {"WHOLE_WARPS": {"output": 4, "query": 4, "key": 8}},
     "values_bf16": {"PREC_VALUES": "bf16"},
+    "query_warps8": {"WHOLE_WARPS": {"output": 4, "query": 8, "key": 4}},
+    "blocks32": {"WHOLE_BC": 32},  # blocks of 32 rows in the whole-chunk kernels' intra-chunk split
+    "sub_chunks": {"WHOLE_MAX_SLOTS": 0},  # the per-sub-chunk kernels (those of wide sizes)
 }
 VARIANT_SECONDS = 150  # no variant starts after this many seconds of the run (compiles dominate)
 

@@ -331,40 +331,18 @@ def _whole_query_bwd_kernel(
 
 
 @triton.jit
-def _whole_key_bwd_kernel(
-    w_ptr, x_ptr, y_ptr, dn_ptr, g_ptr, b_ptr, chunk_ptr, dy_ptr, ds_ptr, dgate_ptr, dg_ptr, total_ptr,
-    sc, H, M, D,
-    BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
-    PREC_S: tl.constexpr, PREC_V: tl.constexpr, SPAN: tl.constexpr, LAST: tl.constexpr,
-):
-    """Key side of the backward for the key rows j of one chunk, one head, from the queries
-    t >= j of the chunk and from the state gradient at the chunk end (dn); run twice, with
-    (w, x, y, dn, sc) = (dz, q, k, dK~, scale) and (p, do, v, dV~, 1). With G the
-    cumulative gate at the chunk's last row:
-
-        ds_j,m = exp(G_m - b_j,m) (y_j . dn_m) + sc sum_t exp(b_t,m - b_j,m) (y_j . x_t) w_t,m
-        dy_j = (s_j exp(G - b_j)) dn + sc sum_t (sum_m w_t,m s_j,m exp(b_t,m - b_j,m)) x_t
-
-    stores dy (dk or dv). The first launch stores its share of ds [BT, M] in ds; the
-    second (LAST) adds it to its own and turns ds into the chunk's part of the log-gate
-    gradient: with x = dgate - s ds (the gradient with respect to the cumulative log-gate,
-    which reaches every g of the sequence up to its row) it stores
-    dg = -exp(g) ds + sum_{t' >= t in the chunk} x_t' and the chunk's total sum_t x_t
-    ([NC, H, M]); what later chunks add comes after (`_add_chunk_suffix_kernel`).
-    The pairs split as in the forward: query block i's reference row r_i, exp(b_t - b_r)
-    on the query side, exp(b_r - b_j) on the key side.
-    """
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    t0, n, o_t, m_t = _chunk_rows(chunk_ptr, i_c, BT)
+def _key_side(w_ptr, x_ptr, y_ptr, dn_ptr, dy_ptr, sc, b, s, qf, to_end, diag_ok, bb, gb, t0, n, i_c, i_h, H, M, D,
+              BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+              PREC_S: tl.constexpr, PREC_V: tl.constexpr):
+    """One state's share of the key side (see `_whole_key_bwd_kernel`): stores dy, returns
+    its part of ds [BT, BM]."""
     HM, HD = H * M, H * D
-    bb, gb, wb = _base(b_ptr, t0, i_h, H, M), _base(g_ptr, t0, i_h, H, M), _base(w_ptr, t0, i_h, H, M)
-    b, s, qf, diag_ok = _chunk_gates(bb, gb, n, HM, M, BT, BM, BC, SPAN)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < n
+    wb, xb = _base(w_ptr, t0, i_h, H, M), _base(x_ptr, t0, i_h, H, D)
     w = _tile(wb, o_t, m_t, HM, M, BM)
-    xb = _base(x_ptr, t0, i_h, H, D)
     x = _tile(xb, o_t, m_t, HD, D, BD)
     y = _tile(_base(y_ptr, t0, i_h, H, D), o_t, m_t, HD, D, BD)
-    g_last = _gate_row(bb, n - 1, n, HM, M, BM)  # b at the chunk's last row
-    to_end = tl.exp(tl.minimum(g_last[None, :] - b, 0.0))  # [BT, BM]
     dn = _load_state(dn_ptr, i_c, i_h, H, M, D, BM, BD)
     dy = _dot(s * to_end, dn, PREC_V)
     ds = to_end * _dot_in(y, tl.trans(dn), PREC_S)
@@ -382,16 +360,49 @@ def _whole_key_bwd_kernel(
         ds += sc * _exact_key_diagonal(wb, xb, y, bb, b, n, HD, HM, D, M, BT, BM, BD, BC)
     dy += sc * _dot(tl.trans(weights), x.to(tl.float32), PREC_V)
     _store_tile(_base(dy_ptr, t0, i_h, H, D), dy, o_t, m_t, HD, D, BD)
-    dsb = _base(ds_ptr, t0, i_h, H, M)
-    if LAST:  # rows past the end: ds = dgate = 0
-        ds += _tile(dsb, o_t, m_t, HM, M, BM)
-        x = _tile(_base(dgate_ptr, t0, i_h, H, M), o_t, m_t, HM, M, BM) - s * ds
-        dg = (s - 1.0) * ds + tl.cumsum(x, 0, reverse=True)
-        _store_tile(_base(dg_ptr, t0, i_h, H, M), dg, o_t, m_t, HM, M, BM)
-        o_m = tl.arange(0, BM)
-        tl.store(total_ptr + (i_c.to(tl.int64) * H + i_h) * M + o_m, tl.sum(x, 0), mask=o_m < M)
-    else:
-        _store_tile(dsb, ds, o_t, m_t, HM, M, BM)
+    return ds
+
+
+@triton.jit
+def _whole_key_bwd_kernel(
+    dz_ptr, q_ptr, k_ptr, dnk_ptr, p_ptr, do_ptr, v_ptr, dnv_ptr, g_ptr, b_ptr, dgate_ptr, chunk_ptr,
+    dk_ptr, dv_ptr, dg_ptr, total_ptr, scale, H, M, DK, DV,
+    BT: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PREC_S: tl.constexpr, PREC_V: tl.constexpr, SPAN: tl.constexpr,
+):
+    """Key side of the backward for the key rows j of one chunk, one head, from the queries
+    t >= j of the chunk and from the state gradients at the chunk end (dn), for both
+    states in turn: (w, x, y, dn, sc) = (dz, q, k, dK~, scale) gives dk, then
+    (p, do, v, dV~, 1) gives dv. With G the cumulative gate at the chunk's last row:
+
+        ds_j,m = sum over both of exp(G_m - b_j,m) (y_j . dn_m) + sc sum_t exp(b_t,m - b_j,m) (y_j . x_t) w_t,m
+        dy_j = (s_j exp(G - b_j)) dn + sc sum_t (sum_m w_t,m s_j,m exp(b_t,m - b_j,m)) x_t
+
+    ds, the gradient of the write weights s, then gives the chunk's part of the log-gate
+    gradient: with x = dgate - s ds (the gradient with respect to the cumulative log-gate,
+    which reaches every g of the sequence up to its row) it stores
+    dg = -exp(g) ds + sum_{t' >= t in the chunk} x_t' and the chunk's total sum_t x_t
+    ([NC, H, M]); what later chunks add comes after (`_add_chunk_suffix_kernel`).
+    The pairs split as in the forward: query block i's reference row r_i, exp(b_t - b_r)
+    on the query side, exp(b_r - b_j) on the key side.
+    """
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    t0, n, o_t, m_t = _chunk_rows(chunk_ptr, i_c, BT)
+    HM = H * M
+    bb, gb = _base(b_ptr, t0, i_h, H, M), _base(g_ptr, t0, i_h, H, M)
+    b, s, qf, diag_ok = _chunk_gates(bb, gb, n, HM, M, BT, BM, BC, SPAN)
+    g_last = _gate_row(bb, n - 1, n, HM, M, BM)  # b at the chunk's last row
+    to_end = tl.exp(tl.minimum(g_last[None, :] - b, 0.0))  # [BT, BM]
+    ds = _key_side(dz_ptr, q_ptr, k_ptr, dnk_ptr, dk_ptr, scale, b, s, qf, to_end, diag_ok, bb, gb, t0, n, i_c, i_h,
+                   H, M, DK, BT, BC, BM, BK, PREC_S, PREC_V)
+    ds += _key_side(p_ptr, do_ptr, v_ptr, dnv_ptr, dv_ptr, 1.0, b, s, qf, to_end, diag_ok, bb, gb, t0, n, i_c, i_h,
+                    H, M, DV, BT, BC, BM, BV, PREC_S, PREC_V)
+    # rows past the end: ds = dgate = 0
+    x = _tile(_base(dgate_ptr, t0, i_h, H, M), o_t, m_t, HM, M, BM) - s * ds
+    dg = (s - 1.0) * ds + tl.cumsum(x, 0, reverse=True)
+    _store_tile(_base(dg_ptr, t0, i_h, H, M), dg, o_t, m_t, HM, M, BM)
+    o_m = tl.arange(0, BM)
+    tl.store(total_ptr + (i_c.to(tl.int64) * H + i_h) * M + o_m, tl.sum(x, 0), mask=o_m < M)
 
 
 @triton.jit
