@@ -1,15 +1,23 @@
 """GSA on the Triton path: `chunk_gsa_attn`, what `gsa_attn(..., backend="triton")` runs.
 
-The causal scan (CS) is one autograd Function over the kernels of `chunk_kernels.py`:
+The causal scan (CS) is one autograd Function. Up to 64 slots and head dims up to 128
+(the protocol's sizes) it runs the whole-chunk kernels of `whole_chunk_kernels.py`, one
+program per chunk of BT = 64 positions and head:
 
-    forward   _chunk_write_kernel      x2  (per chunk: what it adds to K~ / V~; b = cumsum of g)
-              _state_scan_kernel       x2  (K~, V~ at every chunk start: scan over chunks)
-              _output_fwd_kernel           (per sub-chunk: logits, slot softmax, value read)
-    backward  _query_bwd_kernel            (per sub-chunk: p from the saved logits, dz, dq, gate grad)
-              _chunk_read_grad_kernel  x2  (per chunk: its reads' gradient of its start state)
-              _state_scan_kernel       x2  (state gradients at every chunk end: reverse scan)
-              _key_bwd_kernel          x2  (per sub-chunk: dk, then dv, each with its share of ds)
-              _gate_grad_kernel            (key part of the gate grad, reverse cumulative sum: d log_alpha)
+    forward   _chunk_write_kernel          (per chunk: what it adds to K~ and V~; b = cumsum of g)
+              _state_scan_kernel           (K~, V~ at every chunk start: scan over chunks)
+              _whole_output_kernel         (logits, slot softmax, value read)
+    backward  _whole_query_bwd_kernel      (p from the saved logits, dz, dq, the query part of
+                                            the gate grad, the chunk's reads' gradient of its start state)
+              _state_scan_kernel           (state gradients at every chunk end: reverse scan)
+              _whole_key_bwd_kernel        (dk, dv, ds, the chunk's part of d log_alpha and its total)
+              _add_chunk_suffix_kernel     (what the later chunks add to d log_alpha)
+
+Wider sizes run the per-sub-chunk kernels of `chunk_kernels.py` (16 positions a program,
+tiles narrow enough for 256 slots or head dims of 256) in place of the three whole-chunk
+ones: `_output_fwd_kernel`, `_query_bwd_kernel` with `_chunk_read_grad_kernel`,
+`_key_bwd_kernel` (dk, then dv, each with its share of ds) and the sequential
+`_gate_grad_kernel` (the reverse cumulative sum of the gate grad).
 
 The other patterns reuse it: NS runs it on the sequences reversed too, CC runs it with
 the target queries over the source and reads the final source state for queries past the
@@ -32,8 +40,9 @@ from .torch_path import read_state
 
 BT = 64  # positions per chunk (a state is kept at every chunk start)
 BC = 16  # positions per sub-chunk (one program of the per-position kernels)
-# state columns per program of the chunk write / read-gradient kernels (32: +0.65 ms on
-# the H200 at d=M=64); half that with more than 128 slots
+# state columns per block of the chunk write (both states in one program) and per program
+# of the read-gradient kernel (32: +0.65 ms on the H200 at d=M=64); half that with more
+# than 128 slots
 BD_STATE = 64
 SCAN_ROWS, SCAN_COLS = 8, 64  # state tile per program of the scans over chunks
 GATE_SLOTS = 16  # slots per program of the log-gate gradient's reverse cumulative sum
@@ -112,6 +121,7 @@ class _Config:
         narrow = self.BM > 128  # tiles [slots, columns] stay within registers / shared memory
         state_cols = BD_STATE // 2 if narrow else BD_STATE
         self.BDK, self.BDV = min(self.BK, state_cols), min(self.BV, state_cols)
+        self.BD_WRITE = min(max(self.BK, self.BV), state_cols)
         cols = COL_BLOCK // 2 if narrow else COL_BLOCK
         self.DBK, self.DBV = min(self.BK, cols), min(self.BV, cols)
         wide = self.BM * max(self.BK, self.BV) > 64 * 64
@@ -143,10 +153,9 @@ class _CausalGSA(torch.autograd.Function):
         hv = torch.empty(n_seq, heads, slots, dv, **f32) if output_final_state else sv
         has_h0 = h0k is not None
         gsum = torch.empty(n_chunks, heads, slots, **f32)
-        for x, states, d, bd, first in ((k, sk, dk, cfg.BDK, True), (v, sv, dv, cfg.BDV, False)):
-            K._chunk_write_kernel[(n_chunks, heads, triton.cdiv(d, bd))](
-                x, g, b, gsum, states, chunks, heads, slots, d,
-                WRITE_B=first, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec["PREC_S"], num_warps=4)
+        K._chunk_write_kernel[(n_chunks, heads)](
+            k, v, g, b, gsum, sk, sv, chunks, heads, slots, dk, dv,
+            BT=BT, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, BD=cfg.BD_WRITE, PREC=cfg.prec["PREC_S"], num_warps=4)
         _scan((sk, sv), gsum, (h0k, h0v) if has_h0 else None, (hk, hv) if output_final_state else None, coff,
               (dk, dv), n_seq, heads, slots, reverse=False)
         o = torch.empty(n_tok, heads, dv, dtype=q.dtype, device=q.device)

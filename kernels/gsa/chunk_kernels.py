@@ -82,27 +82,27 @@ def _chunk_slot_tile(chunk_ptr, i_c, i_h, H, M, BT: tl.constexpr, BM: tl.constex
 
 @triton.jit
 def _chunk_write_kernel(
-    x_ptr, g_ptr, b_ptr, gsum_ptr, out_ptr, chunk_ptr, H, M, D,
-    WRITE_B: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
+    k_ptr, v_ptr, g_ptr, b_ptr, gsum_ptr, sk_ptr, sv_ptr, chunk_ptr, H, M, DK, DV,
+    BT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
 ):
-    """What chunk c writes into the state, columns [i_d*BD, i_d*BD+BD) of one head:
-    out[c] = sum_j diag(s_j exp(G_c - b_j)) 1 x_j^T [M, D], G_c = b at the chunk's last row.
-
-    x is k (for K~) or v (for V~). WRITE_B (first column block only) also stores the
-    chunk-local cumulative sums b of g and G_c (gsum [NC, H, M]).
-    """
-    i_c, i_h, i_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """What chunk c writes into both states, one head, by column blocks of BD:
+    out[c] = sum_j diag(s_j exp(G_c - b_j)) 1 x_j^T [M, D], G_c = b at the chunk's last row,
+    with x = k into K~ (sk) and x = v into V~ (sv). Also stores the chunk-local cumulative
+    sums b of g and G_c (gsum [NC, H, M]). BK, BV: the head dims padded."""
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
     rows, m_t, o_m, m_m, m_tm, p_tm = _chunk_slot_tile(chunk_ptr, i_c, i_h, H, M, BT, BM)
     g = tl.load(g_ptr + p_tm, mask=m_tm, other=0.0)
     b = tl.cumsum(g, 0)  # [BT, BM]; rows past the end add 0
     g_last = tl.sum(g, 0)  # [BM] = b at the chunk's last row
-    if WRITE_B:
-        if i_d == 0:
-            tl.store(b_ptr + p_tm, b, mask=m_tm)
-            tl.store(gsum_ptr + (i_c * H + i_h) * M + o_m, g_last, mask=m_m)
-    w = (1.0 - tl.exp(g)) * tl.exp(g_last[None, :] - b)  # [BT, BM], s_j decayed to the chunk end
-    x = _load_cols(x_ptr, rows, m_t, i_h, H, D, i_d * BD, BD)
-    _store_state(out_ptr, _dot(tl.trans(w), x, PREC), i_c, i_h, H, M, D, i_d * BD, BM, BD)
+    tl.store(b_ptr + p_tm, b, mask=m_tm)
+    tl.store(gsum_ptr + (i_c * H + i_h) * M + o_m, g_last, mask=m_m)
+    w = tl.trans((1.0 - tl.exp(g)) * tl.exp(g_last[None, :] - b))  # [BM, BT], s_j decayed to the chunk end
+    for d0 in tl.static_range(0, BK, BD):
+        _store_state(sk_ptr, _dot(w, _load_cols(k_ptr, rows, m_t, i_h, H, DK, d0, BD), PREC), i_c, i_h, H, M, DK,
+                     d0, BM, BD)
+    for d0 in tl.static_range(0, BV, BD):
+        _store_state(sv_ptr, _dot(w, _load_cols(v_ptr, rows, m_t, i_h, H, DV, d0, BD), PREC), i_c, i_h, H, M, DV,
+                     d0, BM, BD)
 
 
 @triton.jit
