@@ -185,14 +185,17 @@ def test_head_dim_over_the_kernel_limit_is_refused():
         chunk_lavo_attn(*inputs, window=4)
 
 
-@pytest.mark.parametrize("pattern, cumsum", [("CS", "scan"), ("NS", "scan"), ("NC", "scan"), ("CS", "dot")])
-def test_memory_in_several_rank_blocks(monkeypatch, pattern, cumsum):
+@pytest.mark.parametrize(
+    "pattern, settings", [("CS", {}), ("NS", {}), ("NC", {}), ("CS", {"cumsum": "dot", "mem_bwd.QM": 2})]
+)
+def test_memory_in_several_rank_blocks(monkeypatch, pattern, settings):
     # basis rows in blocks of 4 (64 on a GPU), rank 10 -> 3 blocks, the last one partial:
     # one online softmax across blocks (forward), per-block dB rows and summed dq / dv
     # parts (backward); masked, so that padded keys and queries are in every block;
-    # the in-chunk sums also as triangular products (PATHS["cumsum"])
+    # also with selectable settings (the triangular in-chunk sums, two query chunks per
+    # memory-backward step, whose rank blocks then still sum chunk by chunk)
     monkeypatch.setattr(chunk, "RANK_BLOCK", 4)
-    monkeypatch.setitem(chunk.PATHS, "cumsum", cumsum)
+    _patch(monkeypatch, settings)
     causal, cross = pattern == "CS", pattern == "NC"
     n, m = (37, 37) if not cross else (30, 41)
     inputs = make_inputs(2, n, m, 2, 12, 10, 8, causal, seed=len(pattern))
@@ -277,13 +280,21 @@ VARIANT_CASES = {  # pattern -> (batch, n, m, window, causal, cross, masked, pac
 }
 
 
-@pytest.mark.parametrize("case", list(VARIANT_CASES))
+ALL_CASES = list(VARIANT_CASES)
+
+
 @pytest.mark.parametrize(
-    "settings",
-    [
-        {"range_sums": "triton"}, {"dkv.KM": 2}, {"dkv.KM": 2, "dkv.SPLIT": 4}, {"dkv.SPLIT": 1}, {"cumsum": "dot"},
-        {"fwd.QM": 2}, {"fwd.QM": 2, "cumsum": "dot"},
-    ],
+    "settings, case",
+    # each selectable setting in the patterns whose code it changes
+    [({"range_sums": "triton"}, case) for case in ALL_CASES[:3]]  # NS: totals, in the segments test
+    + [({"dkv.KM": 2}, case) for case in ALL_CASES]
+    + [({"dkv.KM": 2, "dkv.SPLIT": 4}, case) for case in ALL_CASES[1:]]
+    + [({"dkv.SPLIT": 1}, case) for case in ("CC target longer", "NS masked")]
+    + [({"cumsum": "dot"}, case) for case in ("CS packed", "CC source longer, masked")]
+    + [({"fwd.QM": 2}, case) for case in ALL_CASES]
+    + [({"mem_bwd.QM": 2}, case) for case in ALL_CASES]
+    + [({"fwd.QM": 2, "mem_bwd.QM": 2, "cumsum": "dot"}, case) for case in ("CS packed", "CC target longer")],
+    ids=lambda x: ",".join(f"{k}={v}" for k, v in x.items()) if isinstance(x, dict) else x,
 )
 def test_selectable_paths(monkeypatch, settings, case):
     # the alternatives gpu_profile --variants times, each against the reference
@@ -296,7 +307,9 @@ def test_selectable_paths(monkeypatch, settings, case):
     check_against_reference(small_chunks, inputs, **opts)
 
 
-@pytest.mark.parametrize("settings", [{"range_sums": "triton"}, {"dkv.KM": 2}, {"fwd.QM": 2}])
+@pytest.mark.parametrize(
+    "settings", [{"range_sums": "triton"}, {"dkv.KM": 2}, {"fwd.QM": 2}, {"mem_bwd.QM": 2, "cumsum": "dot"}]
+)
 def test_selectable_paths_noncausal_segments(monkeypatch, settings):
     # NC with two segment memories: the Triton range sums (the totals of each sequence),
     # dkv's per-key suffix rows of its segment and chunk

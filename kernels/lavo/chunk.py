@@ -36,7 +36,7 @@ MAX_HEAD_DIM = 256
 # (SPLIT 2) beat whole blocks
 LAUNCH = {
     "fwd": dict(num_warps=4, num_stages=3, QM=1),  # QM: query chunks per program
-    "mem_bwd": dict(num_warps=4, num_stages=2),
+    "mem_bwd": dict(num_warps=4, num_stages=2, QM=1),  # QM: query chunks per step of a program
     "dkv": dict(num_warps=4, num_stages=2, SPLIT=2, KM=1),  # KM: key chunks per program
     "mem_sums": dict(num_warps=8, num_stages=2),  # [C, d] fp32 sums of up to d=256 on chip; timed only in totals
 }
@@ -288,7 +288,8 @@ class _LavoChunkFn(torch.autograd.Function):
         batch, n, m, heads, d, rank, scale, window, segments = ctx.dims
         dof = do.contiguous().view(-1, heads, d)
         nq = len(layout.qchunks)
-        groups = math.ceil(nq / DQ_GROUP)
+        qblocks, qfirst = layout.blocks(LAUNCH["mem_bwd"]["QM"], keys=False)  # the memory backward's steps
+        groups = math.ceil(len(qblocks) / DQ_GROUP)
         f32 = dict(dtype=torch.float32, device=qf.device)
         nrb = meta["NRB"]
         dq_mem = torch.empty(qf.shape, **f32)
@@ -304,12 +305,12 @@ class _LavoChunkFn(torch.autograd.Function):
         common = _pick(meta, ("D", "BD", "RB", "NRB", "C", "NS", "HAS_MASK", "QMASK", "PREC"))
         common["CUMSUM_DOT"] = PATHS["cumsum"] == "dot"
         lavo_mem_bwd_kernel[(groups, heads, nrb)](
-            qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, db_part, dmu_part, dvl, wsum,
-            heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),
-            **common, **LAUNCH["mem_bwd"],
+            qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, qblocks, qfirst, dq_mem, db_part, dmu_part, dvl, wsum,
+            heads, len(qblocks), scale, R=rank, GROUP=DQ_GROUP, SEG=segments,
+            BS=max(2, triton.next_power_of_2(segments)), **common, **LAUNCH["mem_bwd"],
         )
         if nrb > 1:  # the sums over the rank blocks: memory dq, value-gradient parts
-            lavo_mem_sums_kernel[(groups, heads)](
+            lavo_mem_sums_kernel[(math.ceil(nq / DQ_GROUP), heads)](
                 qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, dvl, wsum,
                 heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, **common, **LAUNCH["mem_sums"],
             )

@@ -73,51 +73,62 @@ def _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R: tl.constexpr):
 
 @triton.jit
 def _store_value_grads(
-    WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, first, t, m, h, H,
+    WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, first, t, n, m, h, H,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr,
-    CUMSUM_DOT: tl.constexpr, PREC: tl.constexpr,
+    CUMSUM_DOT: tl.constexpr, PREC: tl.constexpr, QM: tl.constexpr = 1,
 ):
-    """The memory's value gradient of a query chunk, dvbar [C, BD] (per query), spread
-    over the memory sets: wv = dvbar / count; WSUM[chunk, seg] = sum of wv, and, causal,
+    """The memory's value gradient of QM query chunks (rows cid .. of WSUM, positions t
+    from `first`), dvbar [QM * C, BD] (per query), spread over the memory sets:
+    wv = dvbar / count; WSUM[chunk, seg] = sum of wv over the chunk, and, causal,
     DVL[j] = sum over the chunk's queries t >= j of wv[t] (keys j at the rows of t)."""
     dd = tl.arange(0, BD)
     wv = tl.where((cnt > 0)[:, None], dvbar / tl.maximum(cnt, 1.0)[:, None], 0.0)
-    tl.store(WSUM + ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), mask=dd < D)
+    if QM == 1:
+        tl.store(WSUM + ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), mask=dd < D)
+    else:
+        part = tl.arange(0, QM * C) // C
+        for k in tl.static_range(QM):  # a chunk past the sequence has no WSUM row (the next one is another's)
+            total = tl.sum(tl.where((part == k)[:, None], wv, 0.0), 0)
+            offs = (((cid + k) * SEG + seg) * H + h).to(tl.int64) * D + dd
+            tl.store(WSUM + offs, total, mask=(dd < D) & (first + k * C < n))
     if not NS:
-        store_rows(DVL, chunk_cumsum(wv, C, True, CUMSUM_DOT, PREC), kv_row0, first, t < m, h, H, C, D, BD)
+        sums = chunk_cumsum(wv, QM * C, True, CUMSUM_DOT, PREC, C if QM > 1 else 0)
+        store_rows(DVL, sums, kv_row0, first, t < m, h, H, QM * C, D, BD)
 
 
 @triton.jit
 def _memory_bwd_rows(
     Q, DO, LSE, DELTA, KVM, CHUNKS, cid, h, H,
-    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QMASK: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QMASK: tl.constexpr, QM: tl.constexpr = 1,
 ):
-    """What both memory-backward kernels read of query chunk `cid`: its table row, the
-    positions t (anchored tt), which of them carry a gradient (t_ok: a padded query has
-    no output, so none flows from it), and q, dO, lse, Delta of those rows."""
+    """What both memory-backward kernels read of the QM query chunks from table row
+    `cid` on: its table row, the positions t (anchored tt), which of them carry a
+    gradient (t_ok: a padded query has no output, so none flows from it), and q, dO,
+    lse, Delta of those rows ([QM * C, ...])."""
     q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
-    t = c * C + tl.arange(0, C)
+    t = c * C + tl.arange(0, QM * C)
     t_ok = t < n
     if QMASK:
         t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
     tt = tl.minimum(t, m - 1)
-    do = load_rows(DO, q_row0, c * C, t_ok, h, H, C, D, BD)
+    do = load_rows(DO, q_row0, c * C, t_ok, h, H, QM * C, D, BD)
     delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
     lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
-    q = load_rows(Q, q_row0, c * C, t_ok, h, H, C, D, BD)
+    q = load_rows(Q, q_row0, c * C, t_ok, h, H, QM * C, D, BD)
     return q_row0, n, kv_row0, m, c, t, t_ok, tt, q, do, lse, delta
 
 
 @triton.jit
 def lavo_mem_bwd_kernel(
-    Q, V, DO, LSE, DELTA, BAS, MU, PRE, CNT, KVM, CHUNKS,
+    Q, V, DO, LSE, DELTA, BAS, MU, PRE, CNT, KVM, CHUNKS, QFIRST,
     DQM, DB_PART, DMU_PART, DVL, WSUM,
     H, n_chunks, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
     GROUP: tl.constexpr, SEG: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr,
-    QMASK: tl.constexpr, PREC: tl.constexpr, CUMSUM_DOT: tl.constexpr,
+    QMASK: tl.constexpr, PREC: tl.constexpr, CUMSUM_DOT: tl.constexpr, QM: tl.constexpr,
 ):
-    """The memory's backward, one program per GROUP query chunks, head and block of RB
+    """The memory's backward, one program per GROUP blocks of QM query chunks (rows of
+    CHUNKS as in the forward kernel, QFIRST their first chunk's row when QM > 1), head and block of RB
     basis rows: the group's dB rows and dmu partial sums (dmu per segment, BS >= SEG
     slots); with one rank block (NRB = 1) also the memory part of dq (fp32, DQM) and the
     parts of the reverse cumulative sum (DVL per key row in the chunk, causal; WSUM per
@@ -139,17 +150,20 @@ def lavo_mem_bwd_kernel(
         cid = gid * GROUP + i
         if cid < n_chunks:
             q_row0, n, kv_row0, m, c, t, t_ok, tt, q, do, lse, delta = _memory_bwd_rows(
-                Q, DO, LSE, DELTA, KVM, CHUNKS, cid, h, H, D, BD, C, QMASK
+                Q, DO, LSE, DELTA, KVM, CHUNKS, cid, h, H, D, BD, C, QMASK, QM
             )
-            g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
-            u = mem_dot(do, tl.trans(basis), DT, PREC)  # [C, RB]
-            dg = tl.zeros([C, RB], tl.float32)
+            row = cid  # the first chunk's row in PRE and WSUM
+            if QM > 1:
+                row = tl.load(QFIRST + cid)
+            g = mem_dot(q, tl.trans(basis), DT, PREC)  # [QM * C, RB]
+            u = mem_dot(do, tl.trans(basis), DT, PREC)  # [QM * C, RB]
+            dg = tl.zeros([QM * C, RB], tl.float32)
             for seg in range(SEG):
                 vbar, cnt = memory_mean(
-                    V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK,
-                    CUMSUM_DOT, PREC,
+                    V, KVM, CNT, PRE, row, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, QM * C, SEG, NS,
+                    HAS_MASK, CUMSUM_DOT, PREC,
                 )
-                hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, RB]
+                hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [QM * C, RB]
                 mu = tl.load(MU + h * SEG + seg)
                 pm, de, dg_seg, dh = _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R)
                 dmu_acc += tl.where(segs == seg, tl.sum(tl.sum(de, 1), 0), 0.0)
@@ -157,12 +171,13 @@ def lavo_mem_bwd_kernel(
                 db_acc += mem_dot(tl.trans(pm * hm), do, DT, PREC)
                 db_acc += mem_dot(tl.trans(dh), vbar, DT, PREC)
                 if SUMS:
-                    dvbar = mem_dot(dh, basis, DT, PREC)  # [C, BD]
+                    dvbar = mem_dot(dh, basis, DT, PREC)  # [QM * C, BD]
                     _store_value_grads(
-                        WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS, CUMSUM_DOT, PREC
+                        WSUM, DVL, dvbar, cnt, row, seg, kv_row0, c * C, t, n, m, h, H, D, BD, C, SEG, NS, CUMSUM_DOT,
+                        PREC, QM,
                     )
             if SUMS:
-                store_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, c * C, t < n, h, H, C, D, BD)
+                store_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, c * C, t < n, h, H, QM * C, D, BD)
             db_acc += mem_dot(tl.trans(dg), q, DT, PREC)
 
     db_offs = ((gid * H + h) * R + rr)[:, None].to(tl.int64) * D + dd[None, :]
@@ -207,7 +222,7 @@ def lavo_mem_sums_kernel(
                     dq += mem_dot(dg, basis, DT, PREC)
                     dvbar += mem_dot(dh, basis, DT, PREC)
                 _store_value_grads(
-                    WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS, CUMSUM_DOT, PREC
+                    WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, n, m, h, H, D, BD, C, SEG, NS, CUMSUM_DOT, PREC
                 )
             store_rows(DQM, dq, q_row0, c * C, t < n, h, H, C, D, BD)
 

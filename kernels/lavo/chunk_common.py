@@ -76,21 +76,36 @@ def load_basis(BAS, h, r0, R: tl.constexpr, D: tl.constexpr, RB: tl.constexpr, B
 
 
 @triton.jit
-def chunk_cumsum(x, C: tl.constexpr, REVERSE: tl.constexpr, BY_DOT: tl.constexpr, PREC: tl.constexpr):
-    """Cumulative sums of x [C, BD] along the chunk axis (REVERSE: from the end), fp32.
+def chunk_cumsum(
+    x, C: tl.constexpr, REVERSE: tl.constexpr, BY_DOT: tl.constexpr, PREC: tl.constexpr, PART: tl.constexpr = 0
+):
+    """Cumulative sums of x [C, BD] along the chunk axis (REVERSE: from the end), fp32;
+    with PART > 0, separately in each part of PART rows (the chunks of a block).
 
     BY_DOT: as a product with the 0/1 triangular matrix on the tensor cores (x in its
     own dtype: bf16 values are exact operands, fp32 ones take PREC, tf32 on bf16 inputs),
-    fp32 accumulation; else Triton's scan, which crosses warps through shared memory."""
+    fp32 accumulation; else Triton's scan, which crosses warps through shared memory
+    (over all C rows; the parts then drop the sums of the parts after / before them)."""
+    i = tl.arange(0, C)
     if BY_DOT:
-        i = tl.arange(0, C)
         if REVERSE:
             tri = i[:, None] <= i[None, :]
         else:
             tri = i[:, None] >= i[None, :]
+        if PART > 0:
+            tri = tri & (i[:, None] // PART == i[None, :] // PART)
         return tl.dot(tri.to(x.dtype), x, input_precision=PREC)
     else:
-        return tl.cumsum(x.to(tl.float32), 0, reverse=REVERSE)
+        x = x.to(tl.float32)
+        out = tl.cumsum(x, 0, reverse=REVERSE)
+        if PART > 0:
+            for k in tl.static_range(C // PART):
+                total = tl.sum(tl.where((i // PART == k)[:, None], x, 0.0), 0)
+                if REVERSE:
+                    out -= tl.where((i // PART < k)[:, None], total[None, :], 0.0)
+                else:
+                    out -= tl.where((i // PART > k)[:, None], total[None, :], 0.0)
+        return out
 
 
 @triton.jit
