@@ -113,7 +113,7 @@ class _Layout:
                 suf_hi.append(qfirst + nqc)
         as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=device).reshape(len(x), -1)
         self.qchunks, self.kchunks, self.seqs = as_tensor(qrows), as_tensor(krows), as_tensor(spans)
-        self._spans, self._blocks = spans, {}
+        self._spans, self._rows, self._blocks = spans, (qrows, krows), {}  # host copies for `blocks`
         self.noncausal = noncausal
         self.longest = max((max(nqc, nkc) for _, nqc, _, nkc in spans), default=0)
         idx = lambda x: torch.tensor(x, dtype=torch.long, device=device)
@@ -132,7 +132,7 @@ class _Layout:
             for qfirst, nqc, kfirst, nkc in self._spans:
                 row0, count = (kfirst, nkc) if keys else (qfirst, nqc)
                 for b in range(0, count, per_block):
-                    rows.append(table[row0 + b].tolist())
+                    rows.append(self._rows[keys][row0 + b])
                     first.append(row0 + b)
             device = table.device
             self._blocks[per_block, keys] = (
