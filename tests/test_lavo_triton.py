@@ -290,6 +290,8 @@ ALL_CASES = list(VARIANT_CASES)
     + [({"dkv.KM": 2}, case) for case in ALL_CASES]
     + [({"dkv.KM": 2, "dkv.SPLIT": 4}, case) for case in ALL_CASES[1:]]
     + [({"dkv.SPLIT": 1}, case) for case in ("CC target longer", "NS masked")]
+    + [({"dkv.KEYS_FIRST": True}, case) for case in ALL_CASES]
+    + [({"dkv.KEYS_FIRST": True, "dkv.KM": 2}, case) for case in ("CC target longer", "NS masked")]
     + [({"cumsum": "dot"}, case) for case in ("CS packed", "CC source longer, masked")]
     + [({"fwd.QM": 2}, case) for case in ALL_CASES]
     + [({"mem_bwd.QM": 2}, case) for case in ALL_CASES]

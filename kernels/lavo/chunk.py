@@ -37,7 +37,8 @@ MAX_HEAD_DIM = 256
 LAUNCH = {
     "fwd": dict(num_warps=4, num_stages=3, QM=1),  # QM: query chunks per program
     "mem_bwd": dict(num_warps=4, num_stages=2, QM=1),  # QM: query chunks per step of a program
-    "dkv": dict(num_warps=4, num_stages=2, SPLIT=2, KM=1),  # KM: key chunks per program
+    # dkv: KM key chunks per program; KEYS_FIRST: score tiles as [keys, queries]
+    "dkv": dict(num_warps=4, num_stages=2, SPLIT=2, KM=1, KEYS_FIRST=False),
     "mem_sums": dict(num_warps=8, num_stages=2),  # [C, d] fp32 sums of up to d=256 on chip; timed only in totals
 }
 # how parts of the computation run (not launch settings; gpu_profile --variants times the

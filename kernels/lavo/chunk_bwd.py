@@ -233,10 +233,14 @@ def _dkv_tile(
     scale,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, KC: tl.constexpr, QB: tl.constexpr, WINDOW: tl.constexpr,
     NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
+    KEYS_FIRST: tl.constexpr,
 ):
     """The window's scores of queries start..start+QB-1 (those in [t_from, t_to]) against
     the KC keys j from chunk c on: returns their dk (unscaled) and dv, and adds their dq
-    and drho into DQM and DRHO (fp32 atomics: other key blocks add to the same rows)."""
+    and drho into DQM and DRHO (fp32 atomics: other key blocks add to the same rows).
+    KEYS_FIRST: the scores as [keys, queries] (k q^T, v dO^T), so that with 64 keys and
+    fewer queries four of the five products have 64 rows (wgmma on Hopper, where
+    [queries, keys] tiles of 32 rows take mma.sync); only dq = ds k keeps QB rows."""
     t = start + tl.arange(0, QB)
     t_ok = (t >= t_from) & (t <= t_to)
     if QMASK:
@@ -246,12 +250,23 @@ def _dkv_tile(
     do = load_rows(DO, q_row0, start, t_ok, h, H, QB, D, BD)
     lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
     delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
-    s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)  # [t, j]
-    p = tl.where(in_win & t_ok[:, None], tl.exp2(s - lse[:, None]), 0.0)
-    dv = tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
-    dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
-    ds = p * (dp - delta[:, None])  # 0 outside the window and for queries not in [t_from, t_to]
-    dk = tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+    if KEYS_FIRST:
+        s_t, bias_t, in_win_t = window_logits(
+            q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC, True
+        )  # [j, t]
+        p_t = tl.where(in_win_t & t_ok[None, :], tl.exp2(s_t - lse[None, :]), 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, input_precision=PREC)
+        dp_t = tl.dot(vb, tl.trans(do), input_precision=PREC)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, input_precision=PREC)
+        ds = tl.trans(ds_t)  # [t, j]
+    else:
+        s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)  # [t, j]
+        p = tl.where(in_win & t_ok[:, None], tl.exp2(s - lse[:, None]), 0.0)
+        dv = tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
+        dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
+        ds = p * (dp - delta[:, None])  # 0 outside the window and for queries not in [t_from, t_to]
+        dk = tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
     dq = tl.dot(ds.to(kb.dtype), kb, input_precision=PREC) * scale  # [QB, BD]
     dd = tl.arange(0, BD)
     dq_ptrs = row_ptrs(DQM, q_row0, start, h, H, QB, BD, D)
@@ -260,7 +275,9 @@ def _dkv_tile(
         _bias_grad(DRHO, ds, h, NB, start - c * C + HALF, QB, KC)
     elif (start + QB - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
         _bias_grad(DRHO, ds, h, NB, start - c * C, QB, KC)
-    else:  # CC queries past the source share t' = m - 1: one add per score
+    elif KEYS_FIRST:  # CC queries past the source share t' = m - 1: one add per score
+        tl.atomic_add(DRHO + h * NB + bias_t, ds_t, mask=in_win_t & t_ok[None, :], sem="relaxed")
+    else:
         tl.atomic_add(DRHO + h * NB + bias_idx, ds, mask=in_win & t_ok[:, None], sem="relaxed")
     return dk, dv
 
@@ -271,7 +288,7 @@ def lavo_dkv_kernel(
     H, NB, scale,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NQB: tl.constexpr, TAIL: tl.constexpr,
     SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr,
-    PREC: tl.constexpr, SPLIT: tl.constexpr, KM: tl.constexpr,
+    PREC: tl.constexpr, SPLIT: tl.constexpr, KM: tl.constexpr, KEYS_FIRST: tl.constexpr,
 ):
     """One program per (block of KM key chunks, head); CHUNKS holds one row per block,
     whose chunk index is the block's first chunk, and with KM > 1 KSUF the block's first
@@ -304,7 +321,7 @@ def lavo_dkv_kernel(
         start = lo - lo % C + b * QB
         dk_b, dv_b = _dkv_tile(
             Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, 0, hi, q_row0, n, kv_row0, m, h, H,
-            NB, scale, D, BD, C, KC, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
+            NB, scale, D, BD, C, KC, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC, KEYS_FIRST,
         )
         dk += dk_b
         dv += dv_b
@@ -315,7 +332,7 @@ def lavo_dkv_kernel(
             if start < n:
                 dk_b, dv_b = _dkv_tile(
                     Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, tail_from, n - 1, q_row0, n,
-                    kv_row0, m, h, H, NB, scale, D, BD, C, KC, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
+                    kv_row0, m, h, H, NB, scale, D, BD, C, KC, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC, KEYS_FIRST,
                 )
                 dk += dk_b
                 dv += dv_b

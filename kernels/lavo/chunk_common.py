@@ -145,18 +145,29 @@ def memory_mean(
 @triton.jit
 def window_logits(
     q, kb, RHO, h, NB, t, tt, j, j_ok, scale, window,
-    NS: tl.constexpr, HALF: tl.constexpr, PREC: tl.constexpr,
+    NS: tl.constexpr, HALF: tl.constexpr, PREC: tl.constexpr, KEYS_FIRST: tl.constexpr = False,
 ):
     """Window logits of queries t [C] against keys j [C], log2 units, -inf outside the window.
 
-    Returns (logits [C, C], the bias index t'-j (or t-j+HALF), in-window mask)."""
-    s = tl.dot(q, tl.trans(kb), input_precision=PREC)
-    if NS:
-        delta = t[:, None] - j[None, :] + HALF
-        ok = (delta >= 0) & (delta <= 2 * HALF) & j_ok[None, :]
+    Returns (logits [C, C], the bias index t'-j (or t-j+HALF), in-window mask), each
+    [keys, queries] with KEYS_FIRST (the product k q^T: a 64-row tensor-core tile when
+    the keys are 64 and the queries fewer)."""
+    if KEYS_FIRST:
+        s = tl.dot(kb, tl.trans(q), input_precision=PREC)
+        if NS:
+            delta = t[None, :] - j[:, None] + HALF
+            ok = (delta >= 0) & (delta <= 2 * HALF) & j_ok[:, None]
+        else:
+            delta = tt[None, :] - j[:, None]
+            ok = (delta >= 0) & (delta < window) & j_ok[:, None]
     else:
-        delta = tt[:, None] - j[None, :]
-        ok = (delta >= 0) & (delta < window) & j_ok[None, :]
+        s = tl.dot(q, tl.trans(kb), input_precision=PREC)
+        if NS:
+            delta = t[:, None] - j[None, :] + HALF
+            ok = (delta >= 0) & (delta <= 2 * HALF) & j_ok[None, :]
+        else:
+            delta = tt[:, None] - j[None, :]
+            ok = (delta >= 0) & (delta < window) & j_ok[None, :]
     bias = tl.load(RHO + h * NB + delta, mask=ok, other=0.0)
     s = tl.where(ok, (s * scale + bias) * 1.4426950408889634, float("-inf"))
     return s, delta, ok

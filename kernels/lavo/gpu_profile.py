@@ -45,6 +45,9 @@ VARIANTS = {  # in the order they run (the likeliest gains first, in case the bu
     "dkv_km2_w8": {"dkv.KM": 2, "dkv.num_warps": 8},  # 128 keys a program (ptxas: 255 regs, 184 B spills)
     "dkv_km2_w8_split4": {"dkv.KM": 2, "dkv.num_warps": 8, "dkv.SPLIT": 4},  # 16-query tiles (40 B spills)
     "dkv_split4": {"dkv.SPLIT": 4},  # 16-query tiles (ptxas: 255 regs, 52 B spills; default 316 B)
+    # [keys, queries] score tiles: 4 of 5 products wgmma instead of 2 (ptxas 420 B / 44 B at SPLIT 4)
+    "dkv_keys_first": {"dkv.KEYS_FIRST": True},
+    "dkv_keys_first_split4": {"dkv.KEYS_FIRST": True, "dkv.SPLIT": 4},
     "fwd_qm2_w8": {"fwd.QM": 2, "fwd.num_warps": 8},  # 128 queries a program (ptxas: 249 regs, no spills)
     "fwd_qm2_w8_stages2": {"fwd.QM": 2, "fwd.num_warps": 8, "fwd.num_stages": 2},  # 246 regs, no spills
     "cumsum_dot": {"cumsum": "dot"},
@@ -54,6 +57,9 @@ VARIANTS = {  # in the order they run (the likeliest gains first, in case the bu
     "range_sums_triton+dkv_split4+cumsum_dot": {"range_sums": "triton", "dkv.SPLIT": 4, "cumsum": "dot"},
     "range_sums_triton+dkv_split4+fwd_qm2_w8": {
         "range_sums": "triton", "dkv.SPLIT": 4, "fwd.QM": 2, "fwd.num_warps": 8,
+    },
+    "range_sums_triton+dkv_keys_first_split4+fwd_qm2_w8": {
+        "range_sums": "triton", "dkv.KEYS_FIRST": True, "dkv.SPLIT": 4, "fwd.QM": 2, "fwd.num_warps": 8,
     },
     "range_sums_triton+dkv_km2_w8+fwd_qm2_w8": {
         "range_sums": "triton", "dkv.KM": 2, "dkv.num_warps": 8, "fwd.QM": 2, "fwd.num_warps": 8,
@@ -180,10 +186,10 @@ def run_variants(names, emit, started):
             row[f"fwd_ms_{t['T']}"], row[f"fwd_bwd_ms_{t['T']}"] = t["fwd_ms"], t["fwd_bwd_ms"]
         emit(row)
         rows.append(row)
-    print(f"{'variant':40s} {'fwd 1K':>8s} {'fwd 8K':>8s} {'f+b 1K':>8s} {'f+b 8K':>8s} {'error':>8s}")
+    print(f"{'variant':52s} {'fwd 1K':>8s} {'fwd 8K':>8s} {'f+b 1K':>8s} {'f+b 8K':>8s} {'error':>8s}")
     for row in sorted(rows, key=lambda r: r["fwd_bwd_ms_8192"]):
         print(
-            f"{row['variant']:40s} {row['fwd_ms_1024']:8.3f} {row['fwd_ms_8192']:8.3f} {row['fwd_bwd_ms_1024']:8.3f} "
+            f"{row['variant']:52s} {row['fwd_ms_1024']:8.3f} {row['fwd_ms_8192']:8.3f} {row['fwd_bwd_ms_1024']:8.3f} "
             f"{row['fwd_bwd_ms_8192']:8.3f} {row['max_rel_rms_error']:8.1e}{'' if row['ok'] else ' WRONG'}"
         )
     if skipped:
