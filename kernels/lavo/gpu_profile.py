@@ -48,6 +48,7 @@ VARIANTS = {  # in the order they run (the likeliest gains first, in case the bu
     # [keys, queries] score tiles: 4 of 5 products wgmma instead of 2 (ptxas 420 B / 44 B at SPLIT 4)
     "dkv_keys_first": {"dkv.KEYS_FIRST": True},
     "dkv_keys_first_split4": {"dkv.KEYS_FIRST": True, "dkv.SPLIT": 4},
+    "dkv_km2_w8_keys_first_split4": {"dkv.KM": 2, "dkv.num_warps": 8, "dkv.KEYS_FIRST": True, "dkv.SPLIT": 4},  # 92 B
     "fwd_qm2_w8": {"fwd.QM": 2, "fwd.num_warps": 8},  # 128 queries a program (ptxas: 249 regs, no spills)
     "fwd_qm2_w8_stages2": {"fwd.QM": 2, "fwd.num_warps": 8, "fwd.num_stages": 2},  # 246 regs, no spills
     "cumsum_dot": {"cumsum": "dot"},
