@@ -169,7 +169,7 @@ def run_variants(names, emit, started):
     fastest correct one's kernel table."""
     leaves = {T: inputs(T) for T in (1024, 8192)}
     checked = check_inputs()
-    grad_out = torch.randn_like(checked[0], dtype=torch.float32)
+    grad_out = torch.randn_like(checked[0], dtype=torch.float32).to(checked[0].dtype).float()  # exact in bf16 too
     options = dict(window=WINDOW, causal=True, cross=False, segments=1, scale=None, kv_mask=None, cu_seqlens=None)
     fp32 = [x.float() for x in checked]
     reference = outputs_and_grads(lambda *xs: torch_lavo_attn(*xs, **options), fp32, grad_out)
