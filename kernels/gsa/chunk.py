@@ -95,10 +95,12 @@ def _block(n: int) -> int:
 # gradients, slot-side reads, ds): that gradient is a difference of large sums, and plain
 # tf32 there left it at 6.7e-3 relative RMS at 8K (limit 5e-3); bf16x3 keeps about 16 bits:
 # 2.3e-3 there as with tf32x3, fwd+bwd 26.9 ms instead of 30.3 (H200, 8 warps, d=M=64).
-# PREC_VALUES for the dots that only reach o, dq, dk, dv (bf16 there: 3.1e-3 on dq, -0.1 ms).
-# Values: "tf32x3", "bf16x3", "tf32", "bf16" (see chunk_kernels).
+# PREC_VALUES for the dots that only reach o, dq, dk, dv: bf16 operands leave 2.4e-3 on o and
+# 2.9-3.1e-3 on dq, dk, dv (tf32: 2.0e-3 / 2.6e-3) and take the whole-chunk kernels from
+# 8.81 to 7.35 ms fwd+bwd at 1K (H200, 2026-11-30 14:10; tf32 operands make the key side
+# spill). Values: "tf32x3", "bf16x3", "tf32", "bf16" (see chunk_kernels).
 PREC_SLOTS = "bf16x3"
-PREC_VALUES = "tf32"
+PREC_VALUES = "bf16"
 # warps of the per-sub-chunk kernels for 64-wide tiles (output, query side, key side);
 # tiles wider than 64 take 8. H200, d=M=64: fwd+bwd 16.9 ms at 4 warps, 27.0 at 8.
 WARPS = {"output": 4, "query": 4, "key": 4}

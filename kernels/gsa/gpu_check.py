@@ -31,8 +31,8 @@ HEADS, DIM, SLOTS, TOKENS = 16, 64, 64, 65536
 # settings of `chunk` to compare against its defaults ("base")
 VARIANTS = {
     "base": {},
+    "values_tf32": {"PREC_VALUES": "tf32"},
     "key_warps8": {"WHOLE_WARPS": {"output": 4, "query": 4, "key": 8}},
-    "values_bf16": {"PREC_VALUES": "bf16"},
     "query_warps8": {"WHOLE_WARPS": {"output": 4, "query": 8, "key": 4}},
     "blocks32": {"WHOLE_BC": 32},  # blocks of 32 rows in the whole-chunk kernels' intra-chunk split
     "sub_chunks": {"WHOLE_MAX_SLOTS": 0},  # the per-sub-chunk kernels (those of wide sizes)
