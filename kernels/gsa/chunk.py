@@ -97,7 +97,7 @@ def _block(n: int) -> int:
 # 2.3e-3 there as with tf32x3, fwd+bwd 26.9 ms instead of 30.3 (H200, 8 warps, d=M=64).
 # PREC_VALUES for the dots that only reach o, dq, dk, dv: bf16 operands leave 2.4e-3 on o and
 # 2.9-3.1e-3 on dq, dk, dv (tf32: 2.0e-3 / 2.6e-3) and take the whole-chunk kernels from
-# 8.81 to 7.35 ms fwd+bwd at 1K (H200, 2026-11-30 14:10; tf32 operands make the key side
+# 8.81 to 7.35 ms fwd+bwd at 1K (H200, 2026-11-30 14:08; tf32 operands make the key side
 # spill). Values: "tf32x3", "bf16x3", "tf32", "bf16" (see chunk_kernels).
 PREC_SLOTS = "bf16x3"
 PREC_VALUES = "bf16"
