@@ -30,23 +30,26 @@ DQ_GROUP = 8  # query chunks per program of the memory backward (one dB partial 
 DELTA_TILE = 4096  # elements of o per program of the Delta kernel
 RANK_BLOCK = 64  # basis rows per step of the memory loops
 MAX_HEAD_DIM = 256
-# launch settings, from the H200 run of 2026-11-30 12:45 (bf16, H=16, 65,536 tokens; see
-# NOTES.md): 4 warps beat 8 by 1.5-1.7x at d=64 in all three kernels and were within 6% at
-# d=256; ptxas's own register count beat a cap of 168; dkv: query tiles of C/2 rows
-# (SPLIT 2) beat whole blocks
+# launch settings: 4 warps beat 8 by 1.5-1.7x at d=64 in all three kernels and were
+# within 6% at d=256; ptxas's own register count beat a cap of 168; dkv: query tiles of
+# C/2 rows (SPLIT 2) beat whole blocks (H200, 2026-11-30 12:45). num_stages and the paths
+# below from `gpu_profile --variants` (H200, 2026-11-30 14:12, bf16, H=16, d=64, w=128,
+# r=64, 65,536 tokens per step; fwd+bwd ms at T=1K / 8K, the former defaults 4.147 /
+# 4.114): dkv num_stages 1 (was 2) 4.028 / 4.038, fwd num_stages 2 (was 3) 4.079 / 4.051
+# (fwd alone 1.018 -> 0.960)
 LAUNCH = {
-    "fwd": dict(num_warps=4, num_stages=3, QM=1),  # QM: query chunks per program
+    "fwd": dict(num_warps=4, num_stages=2, QM=1),  # QM: query chunks per program
     "mem_bwd": dict(num_warps=4, num_stages=2, QM=1),  # QM: query chunks per step of a program
     # dkv: KM key chunks per program; KEYS_FIRST: score tiles as [keys, queries]
-    "dkv": dict(num_warps=4, num_stages=2, SPLIT=2, KM=1, KEYS_FIRST=False),
+    "dkv": dict(num_warps=4, num_stages=1, SPLIT=2, KM=1, KEYS_FIRST=False),
     "mem_sums": dict(num_warps=8, num_stages=2),  # [C, d] fp32 sums of up to d=256 on chip; timed only in totals
 }
-# how parts of the computation run (not launch settings; gpu_profile --variants times the
-# alternatives): "range_sums", the cross-chunk sums, "torch" (float64 prefix and gathers,
-# several PyTorch launches per call) or "triton" (chunk_scan.py, one launch); "cumsum",
-# the in-chunk cumulative sums of the memory kernels, "scan" (tl.cumsum) or "dot" (a
-# triangular product on the tensor cores)
-PATHS = {"range_sums": "torch", "cumsum": "scan"}
+# how parts of the computation run: "range_sums", the cross-chunk sums, "triton"
+# (chunk_scan.py, one launch) or "torch" (float64 prefix and gathers, several PyTorch
+# launches per call); "cumsum", the in-chunk cumulative sums of the memory kernels, "dot"
+# (a triangular product on the tensor cores) or "scan" (tl.cumsum). Same run: triton
+# range sums 3.945 / 3.919 ms, the dot cumsum 3.967 / 3.942
+PATHS = {"range_sums": "triton", "cumsum": "dot"}
 
 
 def chunk_lavo_attn(
