@@ -79,6 +79,17 @@ def test_causal_extreme_gates_stay_finite():
     _assert_matches_reference(xs)
 
 
+def test_strong_decays_through_the_products():
+    """Gates of about -0.85 per step: each chunk decays by exp(-51) to exp(-55), under SPAN,
+    so the products carry factors up to exp(55) and their inverses; fp32 keeps them exact."""
+    xs = _inputs(1, 130, 130, heads=2, seed=21)
+    g = torch.Generator().manual_seed(22)
+    xs[3] = -0.85 * (0.5 + torch.rand(xs[3].shape, generator=g))
+    first_chunk = xs[3][:, 1:64].sum(1).neg()  # the decay across chunk 0, per slot
+    assert 50 < first_chunk.min() and first_chunk.max() < chunk.SPAN
+    _assert_matches_reference(xs, _states(1, 2, 12, 20, 5))
+
+
 @pytest.mark.parametrize("span", [0.0, 1e4])
 def test_both_diagonal_paths(monkeypatch, span):
     """Pairs inside a sub-chunk: row loop everywhere (SPAN 0) or products everywhere."""

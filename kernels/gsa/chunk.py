@@ -46,10 +46,14 @@ BC = 16  # positions per sub-chunk (one program of the per-position kernels)
 BD_STATE = 64
 SCAN_ROWS, SCAN_COLS = 8, 64  # state tile per program of the scans over chunks
 GATE_SLOTS = 16  # slots per program of the log-gate gradient's reverse cumulative sum
-# Inside a sub-chunk, pairs (t, j) go through one matrix product with a reference row
-# (factors up to exp(SPAN)) unless some slot's gates decay by more than exp(-SPAN) across
-# the sub-chunk; then the kernels take exp(b_t - b_j) one row at a time (exact, slower).
-SPAN = 30.0
+# Inside a block of rows (a sub-chunk; a whole chunk in the whole-chunk kernels), pairs
+# (t, j) go through one matrix product with a reference row r, exp(b_t - b_j) =
+# exp(b_t - b_r) exp(b_r - b_j) with factors between exp(-SPAN) and exp(SPAN), unless some
+# slot's gates decay by more than exp(-SPAN) across the block; then the kernels take
+# exp(b_t - b_j) one row at a time (exact, slower). Each product term keeps its relative
+# precision whatever the factors; SPAN only keeps them inside fp32's range, with room
+# for 64-term sums of |q.k| up to ~1e10 (exp(60) ~ 1e26).
+SPAN = 60.0
 MAX_DIM = 256  # head dims and slot counts the kernels take
 # head-dim columns per block of the per-sub-chunk kernels' products; half that with more
 # than 128 slots
