@@ -185,17 +185,12 @@ def test_head_dim_over_the_kernel_limit_is_refused():
         chunk_lavo_attn(*inputs, window=4)
 
 
-@pytest.mark.parametrize(
-    "pattern, settings", [("CS", {}), ("NS", {}), ("NC", {}), ("CS", {"cumsum": "dot", "mem_bwd.QM": 2})]
-)
-def test_memory_in_several_rank_blocks(monkeypatch, pattern, settings):
+@pytest.mark.parametrize("pattern", ["CS", "NS", "NC"])
+def test_memory_in_several_rank_blocks(monkeypatch, pattern):
     # basis rows in blocks of 4 (64 on a GPU), rank 10 -> 3 blocks, the last one partial:
     # one online softmax across blocks (forward), per-block dB rows and summed dq / dv
-    # parts (backward); masked, so that padded keys and queries are in every block;
-    # also with selectable settings (the triangular in-chunk sums, two query chunks per
-    # memory-backward step, whose rank blocks then still sum chunk by chunk)
+    # parts (backward); masked, so that padded keys and queries are in every block
     monkeypatch.setattr(chunk, "RANK_BLOCK", 4)
-    _patch(monkeypatch, settings)
     causal, cross = pattern == "CS", pattern == "NC"
     n, m = (37, 37) if not cross else (30, 41)
     inputs = make_inputs(2, n, m, 2, 12, 10, 8, causal, seed=len(pattern))
@@ -265,58 +260,13 @@ def test_chunk_range_sums_match_loops(monkeypatch):
             assert err <= 1e-6, f"suffix={suffix} total={total}: relative max error {err:.2e}"
 
 
-def _patch(monkeypatch, settings):
-    """chunk.LAUNCH / chunk.PATHS patched as a gpu_profile variant says ("kernel.option" or a PATHS name)."""
-    for key, value in settings.items():
-        kernel, _, option = key.rpartition(".")
-        monkeypatch.setitem(chunk.LAUNCH[kernel] if kernel else chunk.PATHS, option, value)
-
-
-VARIANT_CASES = {  # pattern -> (batch, n, m, window, causal, cross, masked, packed)
-    "CS packed": (1, 40, 40, 6, True, False, False, True),
-    "CC target longer": (1, 45, 30, 6, True, True, False, False),
-    "CC source longer, masked": (1, 20, 45, 6, True, True, True, False),
-    "NS masked": (1, 40, 40, 8, False, False, True, False),
-}
-
-
-ALL_CASES = list(VARIANT_CASES)
-
-
-@pytest.mark.parametrize(
-    "settings, case",
-    # each selectable setting in the patterns whose code it changes
-    [({"range_sums": "triton"}, case) for case in ALL_CASES[:3]]  # NS: totals, in the segments test
-    + [({"dkv.KM": 2}, case) for case in ALL_CASES]
-    + [({"dkv.KM": 2, "dkv.SPLIT": 4}, case) for case in ALL_CASES[1:]]
-    + [({"dkv.SPLIT": 1}, case) for case in ("CC target longer", "NS masked")]
-    + [({"dkv.KEYS_FIRST": True}, case) for case in ALL_CASES]
-    + [({"dkv.KEYS_FIRST": True, "dkv.KM": 2}, case) for case in ("CC target longer", "NS masked")]
-    + [({"cumsum": "dot"}, case) for case in ("CS packed", "CC source longer, masked")]
-    + [({"fwd.QM": 2}, case) for case in ALL_CASES]
-    + [({"mem_bwd.QM": 2}, case) for case in ALL_CASES]
-    + [({"fwd.QM": 2, "mem_bwd.QM": 2, "cumsum": "dot"}, case) for case in ("CS packed", "CC target longer")],
-    ids=lambda x: ",".join(f"{k}={v}" for k, v in x.items()) if isinstance(x, dict) else x,
-)
-def test_selectable_paths(monkeypatch, settings, case):
-    # the alternatives gpu_profile --variants times, each against the reference
-    _patch(monkeypatch, settings)
-    batch, n, m, window, causal, cross, masked, packed = VARIANT_CASES[case]
-    inputs = make_inputs(batch, n, m, 2, 8, 4, window, causal, seed=n + m)
-    mask = random_mask(batch, m, seed=n, keep_first=True) if masked else None
-    cu_seqlens = torch.tensor([0, 9, 21, 40], dtype=torch.int32) if packed else None
-    opts = options(window, causal=causal, cross=cross, kv_mask=mask, cu_seqlens=cu_seqlens)
-    check_against_reference(small_chunks, inputs, **opts)
-
-
-@pytest.mark.parametrize(
-    "settings", [{"range_sums": "triton"}, {"dkv.KM": 2}, {"fwd.QM": 2}, {"mem_bwd.QM": 2, "cumsum": "dot"}]
-)
-def test_selectable_paths_noncausal_segments(monkeypatch, settings):
-    # NC with two segment memories: the Triton range sums (the totals of each sequence),
-    # dkv's per-key suffix rows of its segment and chunk
-    _patch(monkeypatch, settings)
-    q, k, v, basis, _, _ = make_inputs(2, 30, 37, 2, 8, 4, 4, False, seed=30)
-    opts = {**options(4, causal=False, cross=True, kv_mask=random_mask(2, 37, seed=2, keep_first=False)), "segments": 2}
-    inputs = [q, k, v, basis, None, torch.randn(2, 2)]
-    check_against_reference(small_chunks, inputs, compared=("q", "v", "basis", "mem_bias"), **opts)
+@pytest.mark.parametrize("pattern", ["CC target longer", "NS masked"])
+def test_dkv_query_tiles_of_a_quarter_chunk(monkeypatch, pattern):
+    # dkv SPLIT 4 (a gpu_profile variant; default 2): query tiles of C/4 rows, whose
+    # bias-gradient diagonals and tail tiles (queries past the source) differ from C/2
+    monkeypatch.setitem(chunk.LAUNCH["dkv"], "SPLIT", 4)
+    causal = pattern.startswith("CC")
+    n, m, window = (45, 30, 6) if causal else (40, 40, 8)
+    inputs = make_inputs(1, n, m, 2, 8, 4, window, causal, seed=n + m)
+    mask = None if causal else random_mask(1, m, seed=n, keep_first=True)
+    check_against_reference(small_chunks, inputs, **options(window, causal=causal, cross=causal, kv_mask=mask))

@@ -6,8 +6,8 @@ the log-sum-exp (chunk_fwd.py); the backward recomputes the scores (chunk_bwd.py
 crosses chunks is small and fp32: the sum of the values before each chunk (the memory's
 cumulative sum, a value-space vector of d numbers: h = B vbar, so summing v is summing
 c = B v) and, backward, the per-chunk totals of the memory gradient. Those prefix and
-suffix sums run here over the chunk totals in float64. No n x n, n x w or n x r x d
-tensor is ever written.
+suffix sums over the chunk totals are one Triton scan per call (chunk_scan.py, with a
+float64 carry). No n x n, n x w or n x r x d tensor is ever written.
 
 Patterns: CS, CC, NS and NC. NC is the noncausal memory without a window (the window
 loops run zero times), with `segments` memories: the valid source positions of a
@@ -30,26 +30,22 @@ DQ_GROUP = 8  # query chunks per program of the memory backward (one dB partial 
 DELTA_TILE = 4096  # elements of o per program of the Delta kernel
 RANK_BLOCK = 64  # basis rows per step of the memory loops
 MAX_HEAD_DIM = 256
-# launch settings: 4 warps beat 8 by 1.5-1.7x at d=64 in all three kernels and were
+# launch settings. 4 warps beat 8 by 1.5-1.7x at d=64 in all three kernels and were
 # within 6% at d=256; ptxas's own register count beat a cap of 168; dkv: query tiles of
-# C/2 rows (SPLIT 2) beat whole blocks (H200, 2026-11-30 12:45). num_stages and the paths
-# below from `gpu_profile --variants` (H200, 2026-11-30 14:12, bf16, H=16, d=64, w=128,
-# r=64, 65,536 tokens per step; fwd+bwd ms at T=1K / 8K, the former defaults 4.147 /
-# 4.114): dkv num_stages 1 (was 2) 4.028 / 4.038, fwd num_stages 2 (was 3) 4.079 / 4.051
-# (fwd alone 1.018 -> 0.960)
+# C/2 rows (SPLIT 2) beat whole blocks (H200, 2026-11-30 12:45). num_stages from
+# `gpu_profile --variants` (H200, 2026-11-30 14:12; bf16, H=16, d=64, w=128, r=64,
+# 65,536 tokens per step; fwd+bwd ms at T=1K / 8K, the former settings 4.147 / 4.114):
+# dkv 1 stage 4.028 / 4.038 (3 stages: 4.565 / 4.541), fwd 2 stages 4.079 / 4.051 (fwd
+# alone 1.018 -> 0.960 ms); mem_bwd 1 or 3 stages and DQ_GROUP 4 or 16 within 0.03 ms;
+# dkv SPLIT 4 4.265 / 4.260 alone (SPLIT 1: 4.621 / 4.606). The same run put the range
+# sums on chunk_scan.py (3.945 / 3.919, was float64 PyTorch sums) and the in-chunk sums on
+# triangular products (chunk_common.chunk_cumsum; 3.967 / 3.942, was tl.cumsum).
 LAUNCH = {
-    "fwd": dict(num_warps=4, num_stages=2, QM=1),  # QM: query chunks per program
-    "mem_bwd": dict(num_warps=4, num_stages=2, QM=1),  # QM: query chunks per step of a program
-    # dkv: KM key chunks per program; KEYS_FIRST: score tiles as [keys, queries]
-    "dkv": dict(num_warps=4, num_stages=1, SPLIT=2, KM=1, KEYS_FIRST=False),
+    "fwd": dict(num_warps=4, num_stages=2),
+    "mem_bwd": dict(num_warps=4, num_stages=2),
+    "dkv": dict(num_warps=4, num_stages=1, SPLIT=2),
     "mem_sums": dict(num_warps=8, num_stages=2),  # [C, d] fp32 sums of up to d=256 on chip; timed only in totals
 }
-# how parts of the computation run: "range_sums", the cross-chunk sums, "triton"
-# (chunk_scan.py, one launch) or "torch" (float64 prefix and gathers, several PyTorch
-# launches per call); "cumsum", the in-chunk cumulative sums of the memory kernels, "dot"
-# (a triangular product on the tensor cores) or "scan" (tl.cumsum). Same run: triton
-# range sums 3.945 / 3.919 ms, the dot cumsum 3.967 / 3.942
-PATHS = {"range_sums": "triton", "cumsum": "dot"}
 
 
 def chunk_lavo_attn(
@@ -86,14 +82,13 @@ def lavo_chunked(
 
 
 class _Layout:
-    """Chunk tables and the index pairs of the cross-chunk prefix/suffix sums.
+    """Chunk tables of the query and key chunks and the per-sequence table of the
+    cross-chunk sums.
 
-    Rows of a chunk table: (q_row0, n, kv_row0, m, c) int32. `pre_hi/pre_lo` pick, per
-    query chunk, the prefix-sum entries whose difference is the value sum it needs;
-    `suf_hi/suf_lo` pick, per key chunk, the query chunks after it (all, noncausal).
-    `qseq`: each query chunk's sequence (an index into all sequences, empty ones too).
-    `seqs`: per sequence, (first query chunk, query chunks, first key chunk, key chunks)
-    int32, the table of chunk_scan.py."""
+    Rows of a chunk table: (q_row0, n, kv_row0, m, c) int32. `qseq`: each query chunk's
+    sequence (an index into all sequences, empty ones too). `seqs`: per sequence, (first
+    query chunk, query chunks, first key chunk, key chunks) int32, the table of
+    chunk_scan.py; `longest`: the most chunks of one sequence, queries or keys."""
 
     def __init__(self, batch, n, m, cu_seqlens, chunk, noncausal, device):
         if cu_seqlens is None:
@@ -101,49 +96,18 @@ class _Layout:
         else:
             bounds = cu_seqlens.tolist()
             seqs = [(i, s, e - s, s, e - s) for i, (s, e) in enumerate(zip(bounds, bounds[1:])) if e > s]
-        qrows, krows, pre_hi, pre_lo, suf_hi, suf_lo, qseq, spans = [], [], [], [], [], [], [], []
+        qrows, krows, qseq, spans = [], [], [], []
         for i, q0, ns, k0, ms in seqs:
             nqc, nkc = math.ceil(ns / chunk), math.ceil(ms / chunk)
-            qfirst, kfirst = len(qrows), len(krows)
-            spans.append((qfirst, nqc, kfirst, nkc))
-            for c in range(nqc):
-                qrows.append((q0, ns, k0, ms, c))
-                qseq.append(i)
-                pre_lo.append(kfirst)
-                pre_hi.append(kfirst + (nkc if noncausal else min(c, nkc)))
-            for c in range(nkc):
-                krows.append((q0, ns, k0, ms, c))
-                suf_lo.append(qfirst + (0 if noncausal else min(c + 1, nqc)))
-                suf_hi.append(qfirst + nqc)
+            spans.append((len(qrows), nqc, len(krows), nkc))
+            qrows += [(q0, ns, k0, ms, c) for c in range(nqc)]
+            qseq += [i] * nqc
+            krows += [(q0, ns, k0, ms, c) for c in range(nkc)]
         as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=device).reshape(len(x), -1)
         self.qchunks, self.kchunks, self.seqs = as_tensor(qrows), as_tensor(krows), as_tensor(spans)
-        self._spans, self._rows, self._blocks = spans, (qrows, krows), {}  # host copies for `blocks`
         self.noncausal = noncausal
         self.longest = max((max(nqc, nkc) for _, nqc, _, nkc in spans), default=0)
-        idx = lambda x: torch.tensor(x, dtype=torch.long, device=device)
-        self.pre_hi, self.pre_lo, self.suf_hi, self.suf_lo, self.qseq = map(idx, (pre_hi, pre_lo, suf_hi, suf_lo, qseq))
-
-    def blocks(self, per_block, keys):
-        """The query (keys=False) or key chunks in blocks of `per_block` per sequence (the
-        last one may be short): a chunk table with one row per block (chunk index: the
-        block's first chunk) and each block's first row in the query- or key-chunk table
-        (int32), built once per size."""
-        table = self.kchunks if keys else self.qchunks
-        if per_block == 1:
-            return table, table  # the second is a placeholder the kernels never read
-        if (per_block, keys) not in self._blocks:
-            rows, first = [], []
-            for qfirst, nqc, kfirst, nkc in self._spans:
-                row0, count = (kfirst, nkc) if keys else (qfirst, nqc)
-                for b in range(0, count, per_block):
-                    rows.append(self._rows[keys][row0 + b])
-                    first.append(row0 + b)
-            device = table.device
-            self._blocks[per_block, keys] = (
-                torch.tensor(rows, dtype=torch.int32, device=device).reshape(len(rows), 5),
-                torch.tensor(first, dtype=torch.int32, device=device),
-            )
-        return self._blocks[per_block, keys]
+        self.qseq = torch.tensor(qseq, dtype=torch.long, device=device)
 
 
 @functools.lru_cache(maxsize=64)
@@ -155,31 +119,15 @@ def _batched_layout(batch, n, m, chunk, noncausal, device):
 def _prefix_sums(sums, layout):
     """Per query chunk, the sum of the key-chunk totals `sums` [key chunks, ...] before it
     (all of them, noncausal) -> [query chunks, ...] fp32."""
-    if PATHS["range_sums"] == "triton":
-        return chunk_range_sums(
-            sums, layout.seqs, len(layout.qchunks), layout.longest, suffix=False, total=layout.noncausal
-        )
-    return _range_sums(sums, layout.pre_hi, layout.pre_lo)
+    out_rows = len(layout.qchunks)
+    return chunk_range_sums(sums, layout.seqs, out_rows, layout.longest, suffix=False, total=layout.noncausal)
 
 
 def _suffix_sums(wsum, layout):
     """Per key chunk, the sum of the query-chunk totals `wsum` [query chunks, ...] after it
     (all of them, noncausal) -> [key chunks, ...] fp32."""
-    if PATHS["range_sums"] == "triton":
-        return chunk_range_sums(
-            wsum, layout.seqs, len(layout.kchunks), layout.longest, suffix=True, total=layout.noncausal
-        )
-    return _range_sums(wsum, layout.suf_hi, layout.suf_lo)
-
-
-def _range_sums(totals, hi, lo):
-    """Sums of totals[lo:hi] (chunk axis 0) for each index pair, through a float64 prefix
-    sum. The chunk axis is made innermost first: PyTorch's scan along the outer axis
-    measured 0.2 ms per call at 1,024 chunks on an H200; the innermost-axis scan is its
-    fast path (not yet timed here)."""
-    chunks_last = totals.double().movedim(0, -1).contiguous()  # [..., chunks]
-    prefix = torch.cat([chunks_last.new_zeros(*chunks_last.shape[:-1], 1), chunks_last.cumsum(-1)], -1)
-    return (prefix[..., hi] - prefix[..., lo]).movedim(-1, 0).float().contiguous()
+    out_rows = len(layout.kchunks)
+    return chunk_range_sums(wsum, layout.seqs, out_rows, layout.longest, suffix=True, total=layout.noncausal)
 
 
 def _valid_counts(valid, cu_seqlens):
@@ -271,12 +219,9 @@ class _LavoChunkFn(torch.autograd.Function):
         pre = _prefix_sums(sums, layout)  # [query chunks, S, H, d]
         o = torch.empty_like(qf)
         lse = torch.empty(qf.shape[0], heads, dtype=torch.float32, device=q.device)
-        per_block = LAUNCH["fwd"]["QM"]  # query chunks per program
-        qblocks, qfirst = layout.blocks(per_block, keys=False)
-        lavo_fwd_kernel[(len(qblocks), heads)](
-            qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, qblocks, qfirst,
-            heads, rho.shape[1], scale, R=rank, SEG=segments, CUMSUM_DOT=PATHS["cumsum"] == "dot",
-            NKB=meta["NKB"] + per_block - 1 if meta["NKB"] else 0, **_pick(meta, _FWD_META), **LAUNCH["fwd"],
+        lavo_fwd_kernel[(len(layout.qchunks), heads)](
+            qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, layout.qchunks,
+            heads, rho.shape[1], scale, R=rank, SEG=segments, **_pick(meta, _FWD_META), **LAUNCH["fwd"],
         )
         ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm, segid)
         ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, scale, window, segments)
@@ -292,8 +237,7 @@ class _LavoChunkFn(torch.autograd.Function):
         batch, n, m, heads, d, rank, scale, window, segments = ctx.dims
         dof = do.contiguous().view(-1, heads, d)
         nq = len(layout.qchunks)
-        qblocks, qfirst = layout.blocks(LAUNCH["mem_bwd"]["QM"], keys=False)  # the memory backward's steps
-        groups = math.ceil(len(qblocks) / DQ_GROUP)
+        groups = math.ceil(nq / DQ_GROUP)
         f32 = dict(dtype=torch.float32, device=qf.device)
         nrb = meta["NRB"]
         dq_mem = torch.empty(qf.shape, **f32)
@@ -307,14 +251,13 @@ class _LavoChunkFn(torch.autograd.Function):
         dvl = (torch.zeros if m > n else torch.empty)(vf.shape, **f32)
         wsum = torch.empty(nq, segments, heads, d, **f32)
         common = _pick(meta, ("D", "BD", "RB", "NRB", "C", "NS", "HAS_MASK", "QMASK", "PREC"))
-        common["CUMSUM_DOT"] = PATHS["cumsum"] == "dot"
         lavo_mem_bwd_kernel[(groups, heads, nrb)](
-            qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, qblocks, qfirst, dq_mem, db_part, dmu_part, dvl, wsum,
-            heads, len(qblocks), scale, R=rank, GROUP=DQ_GROUP, SEG=segments,
-            BS=max(2, triton.next_power_of_2(segments)), **common, **LAUNCH["mem_bwd"],
+            qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, db_part, dmu_part, dvl, wsum,
+            heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),
+            **common, **LAUNCH["mem_bwd"],
         )
         if nrb > 1:  # the sums over the rank blocks: memory dq, value-gradient parts
-            lavo_mem_sums_kernel[(math.ceil(nq / DQ_GROUP), heads)](
+            lavo_mem_sums_kernel[(groups, heads)](
                 qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, dvl, wsum,
                 heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, **common, **LAUNCH["mem_sums"],
             )
@@ -325,13 +268,9 @@ class _LavoChunkFn(torch.autograd.Function):
         tail = triton.next_power_of_2(math.ceil((n - m) / meta["C"]) + 1) if n > m and meta["NKB"] else 0
         dk = torch.empty_like(kf)
         dv = torch.empty_like(vf)
-        per_block = LAUNCH["dkv"]["KM"]  # key chunks per program
-        kblocks, ksuf = layout.blocks(per_block, keys=True)
-        nqb = meta["NQB"] + per_block - 1 if meta["NQB"] else 0  # the window's queries span KM - 1 chunks more
-        lavo_dkv_kernel[(len(kblocks), heads)](
-            qf, kf, vf, dof, lse, delta, rho, kvm, segid, kblocks, ksuf, dvl, suf, dq_mem, drho, dk, dv,
-            heads, rho.shape[1], scale, TAIL=tail, SEG=segments, NQB=nqb, **_pick(meta, _DKV_META),
-            **LAUNCH["dkv"],
+        lavo_dkv_kernel[(len(layout.kchunks), heads)](
+            qf, kf, vf, dof, lse, delta, rho, kvm, segid, layout.kchunks, dvl, suf, dq_mem, drho, dk, dv,
+            heads, rho.shape[1], scale, TAIL=tail, SEG=segments, **_pick(meta, _DKV_META), **LAUNCH["dkv"],
         )
         dq = dq_mem.to(qf.dtype)  # the memory's dq (mem_bwd) plus the window's (dkv)
         basis_dtype, rho_dtype, mu_dtype, mu_shape = ctx.param_dtypes
@@ -346,9 +285,9 @@ class _LavoChunkFn(torch.autograd.Function):
         )
 
 
-# compile-time arguments of the forward kernel
-_FWD_META = ("D", "BD", "RB", "NRB", "C", "WINDOW", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
-_DKV_META = ("D", "BD", "C", "WINDOW", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
+# compile-time arguments of the forward and dkv kernels
+_FWD_META = ("D", "BD", "RB", "NRB", "C", "WINDOW", "NKB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
+_DKV_META = ("D", "BD", "C", "WINDOW", "NQB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
 
 
 def _pick(meta, keys):

@@ -32,8 +32,8 @@ from .chunk_common import (
 
 @triton.jit
 def _bias_grad(DRHO, ds, h, NB, base, QB: tl.constexpr, C: tl.constexpr):
-    """drho[base + i - jj] += ds[i, jj] for a [QB, C] tile (QB <= C; C: the tile's key
-    count) whose bias index is base + i - jj.
+    """drho[base + i - jj] += ds[i, jj] for a [QB, C] tile (QB <= C) whose bias index is
+    base + i - jj.
 
     The tile is sheared with a gather (column (i - e) mod C of row i), so each
     diagonal becomes a column; its sum is one atomic add per bias entry, not per score."""
@@ -73,62 +73,50 @@ def _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R: tl.constexpr):
 
 @triton.jit
 def _store_value_grads(
-    WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, first, t, n, m, h, H,
-    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr,
-    CUMSUM_DOT: tl.constexpr, PREC: tl.constexpr, QM: tl.constexpr = 1,
+    WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, first, t, m, h, H,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, PREC: tl.constexpr,
 ):
-    """The memory's value gradient of QM query chunks (rows cid .. of WSUM, positions t
-    from `first`), dvbar [QM * C, BD] (per query), spread over the memory sets:
-    wv = dvbar / count; WSUM[chunk, seg] = sum of wv over the chunk, and, causal,
+    """The memory's value gradient of a query chunk, dvbar [C, BD] (per query), spread
+    over the memory sets: wv = dvbar / count; WSUM[chunk, seg] = sum of wv, and, causal,
     DVL[j] = sum over the chunk's queries t >= j of wv[t] (keys j at the rows of t)."""
     dd = tl.arange(0, BD)
     wv = tl.where((cnt > 0)[:, None], dvbar / tl.maximum(cnt, 1.0)[:, None], 0.0)
-    if QM == 1:
-        tl.store(WSUM + ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), mask=dd < D)
-    else:
-        part = tl.arange(0, QM * C) // C
-        for k in tl.static_range(QM):  # a chunk past the sequence has no WSUM row (the next one is another's)
-            total = tl.sum(tl.where((part == k)[:, None], wv, 0.0), 0)
-            offs = (((cid + k) * SEG + seg) * H + h).to(tl.int64) * D + dd
-            tl.store(WSUM + offs, total, mask=(dd < D) & (first + k * C < n))
+    tl.store(WSUM + ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), mask=dd < D)
     if not NS:
-        sums = chunk_cumsum(wv, QM * C, True, CUMSUM_DOT, PREC, C if QM > 1 else 0)
-        store_rows(DVL, sums, kv_row0, first, t < m, h, H, QM * C, D, BD)
+        store_rows(DVL, chunk_cumsum(wv, C, True, PREC), kv_row0, first, t < m, h, H, C, D, BD)
 
 
 @triton.jit
 def _memory_bwd_rows(
     Q, DO, LSE, DELTA, KVM, CHUNKS, cid, h, H,
-    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QMASK: tl.constexpr, QM: tl.constexpr = 1,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QMASK: tl.constexpr,
 ):
-    """What both memory-backward kernels read of the QM query chunks from table row
-    `cid` on: its table row, the positions t (anchored tt), which of them carry a
-    gradient (t_ok: a padded query has no output, so none flows from it), and q, dO,
-    lse, Delta of those rows ([QM * C, ...])."""
+    """What both memory-backward kernels read of query chunk `cid`: its table row, the
+    positions t (anchored tt), which of them carry a gradient (t_ok: a padded query has
+    no output, so none flows from it), and q, dO, lse, Delta of those rows."""
     q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
-    t = c * C + tl.arange(0, QM * C)
+    t = c * C + tl.arange(0, C)
     t_ok = t < n
     if QMASK:
         t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
     tt = tl.minimum(t, m - 1)
-    do = load_rows(DO, q_row0, c * C, t_ok, h, H, QM * C, D, BD)
+    do = load_rows(DO, q_row0, c * C, t_ok, h, H, C, D, BD)
     delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
     lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t < n, other=0.0)
-    q = load_rows(Q, q_row0, c * C, t_ok, h, H, QM * C, D, BD)
+    q = load_rows(Q, q_row0, c * C, t_ok, h, H, C, D, BD)
     return q_row0, n, kv_row0, m, c, t, t_ok, tt, q, do, lse, delta
 
 
 @triton.jit
 def lavo_mem_bwd_kernel(
-    Q, V, DO, LSE, DELTA, BAS, MU, PRE, CNT, KVM, CHUNKS, QFIRST,
+    Q, V, DO, LSE, DELTA, BAS, MU, PRE, CNT, KVM, CHUNKS,
     DQM, DB_PART, DMU_PART, DVL, WSUM,
     H, n_chunks, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
     GROUP: tl.constexpr, SEG: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr,
-    QMASK: tl.constexpr, PREC: tl.constexpr, CUMSUM_DOT: tl.constexpr, QM: tl.constexpr,
+    QMASK: tl.constexpr, PREC: tl.constexpr,
 ):
-    """The memory's backward, one program per GROUP blocks of QM query chunks (rows of
-    CHUNKS as in the forward kernel, QFIRST their first chunk's row when QM > 1), head and block of RB
+    """The memory's backward, one program per GROUP query chunks, head and block of RB
     basis rows: the group's dB rows and dmu partial sums (dmu per segment, BS >= SEG
     slots); with one rank block (NRB = 1) also the memory part of dq (fp32, DQM) and the
     parts of the reverse cumulative sum (DVL per key row in the chunk, causal; WSUM per
@@ -150,20 +138,17 @@ def lavo_mem_bwd_kernel(
         cid = gid * GROUP + i
         if cid < n_chunks:
             q_row0, n, kv_row0, m, c, t, t_ok, tt, q, do, lse, delta = _memory_bwd_rows(
-                Q, DO, LSE, DELTA, KVM, CHUNKS, cid, h, H, D, BD, C, QMASK, QM
+                Q, DO, LSE, DELTA, KVM, CHUNKS, cid, h, H, D, BD, C, QMASK
             )
-            row = cid  # the first chunk's row in PRE and WSUM
-            if QM > 1:
-                row = tl.load(QFIRST + cid)
-            g = mem_dot(q, tl.trans(basis), DT, PREC)  # [QM * C, RB]
-            u = mem_dot(do, tl.trans(basis), DT, PREC)  # [QM * C, RB]
-            dg = tl.zeros([QM * C, RB], tl.float32)
+            g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
+            u = mem_dot(do, tl.trans(basis), DT, PREC)  # [C, RB]
+            dg = tl.zeros([C, RB], tl.float32)
             for seg in range(SEG):
                 vbar, cnt = memory_mean(
-                    V, KVM, CNT, PRE, row, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, QM * C, SEG, NS,
-                    HAS_MASK, CUMSUM_DOT, PREC,
+                    V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK,
+                    PREC,
                 )
-                hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [QM * C, RB]
+                hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, RB]
                 mu = tl.load(MU + h * SEG + seg)
                 pm, de, dg_seg, dh = _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R)
                 dmu_acc += tl.where(segs == seg, tl.sum(tl.sum(de, 1), 0), 0.0)
@@ -171,13 +156,12 @@ def lavo_mem_bwd_kernel(
                 db_acc += mem_dot(tl.trans(pm * hm), do, DT, PREC)
                 db_acc += mem_dot(tl.trans(dh), vbar, DT, PREC)
                 if SUMS:
-                    dvbar = mem_dot(dh, basis, DT, PREC)  # [QM * C, BD]
+                    dvbar = mem_dot(dh, basis, DT, PREC)  # [C, BD]
                     _store_value_grads(
-                        WSUM, DVL, dvbar, cnt, row, seg, kv_row0, c * C, t, n, m, h, H, D, BD, C, SEG, NS, CUMSUM_DOT,
-                        PREC, QM,
+                        WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS, PREC
                     )
             if SUMS:
-                store_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, c * C, t < n, h, H, QM * C, D, BD)
+                store_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, c * C, t < n, h, H, C, D, BD)
             db_acc += mem_dot(tl.trans(dg), q, DT, PREC)
 
     db_offs = ((gid * H + h) * R + rr)[:, None].to(tl.int64) * D + dd[None, :]
@@ -191,7 +175,7 @@ def lavo_mem_sums_kernel(
     H, n_chunks, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
     GROUP: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr,
-    PREC: tl.constexpr, CUMSUM_DOT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """With several rank blocks: the memory's dq (DQM) and value-gradient parts (DVL,
     WSUM), summed over the NRB blocks on chip; one program per GROUP query chunks and
@@ -209,7 +193,7 @@ def lavo_mem_sums_kernel(
             for seg in range(SEG):
                 vbar, cnt = memory_mean(
                     V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK,
-                    CUMSUM_DOT, PREC,
+                    PREC,
                 )
                 mu = tl.load(MU + h * SEG + seg)
                 dvbar = tl.zeros([C, BD], tl.float32)
@@ -221,9 +205,7 @@ def lavo_mem_sums_kernel(
                     pm, de, dg, dh = _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R)
                     dq += mem_dot(dg, basis, DT, PREC)
                     dvbar += mem_dot(dh, basis, DT, PREC)
-                _store_value_grads(
-                    WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, n, m, h, H, D, BD, C, SEG, NS, CUMSUM_DOT, PREC
-                )
+                _store_value_grads(WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS, PREC)
             store_rows(DQM, dq, q_row0, c * C, t < n, h, H, C, D, BD)
 
 
@@ -231,16 +213,12 @@ def lavo_mem_sums_kernel(
 def _dkv_tile(
     Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, t_from, t_to, q_row0, n, kv_row0, m, h, H, NB,
     scale,
-    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, KC: tl.constexpr, QB: tl.constexpr, WINDOW: tl.constexpr,
-    NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
-    KEYS_FIRST: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QB: tl.constexpr, WINDOW: tl.constexpr, NS: tl.constexpr,
+    HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
 ):
     """The window's scores of queries start..start+QB-1 (those in [t_from, t_to]) against
-    the KC keys j from chunk c on: returns their dk (unscaled) and dv, and adds their dq
-    and drho into DQM and DRHO (fp32 atomics: other key blocks add to the same rows).
-    KEYS_FIRST: the scores as [keys, queries] (k q^T, v dO^T), so that with 64 keys and
-    fewer queries four of the five products have 64 rows (wgmma on Hopper, where
-    [queries, keys] tiles of 32 rows take mma.sync); only dq = ds k keeps QB rows."""
+    the keys j of chunk c: returns their dk (unscaled) and dv, and adds their dq and
+    drho into DQM and DRHO (fp32 atomics: other key chunks add to the same rows)."""
     t = start + tl.arange(0, QB)
     t_ok = (t >= t_from) & (t <= t_to)
     if QMASK:
@@ -250,107 +228,84 @@ def _dkv_tile(
     do = load_rows(DO, q_row0, start, t_ok, h, H, QB, D, BD)
     lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
     delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
-    if KEYS_FIRST:
-        s_t, bias_t, in_win_t = window_logits(
-            q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC, True
-        )  # [j, t]
-        p_t = tl.where(in_win_t & t_ok[None, :], tl.exp2(s_t - lse[None, :]), 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, input_precision=PREC)
-        dp_t = tl.dot(vb, tl.trans(do), input_precision=PREC)
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, input_precision=PREC)
-        ds = tl.trans(ds_t)  # [t, j]
-    else:
-        s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)  # [t, j]
-        p = tl.where(in_win & t_ok[:, None], tl.exp2(s - lse[:, None]), 0.0)
-        dv = tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
-        dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
-        ds = p * (dp - delta[:, None])  # 0 outside the window and for queries not in [t_from, t_to]
-        dk = tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
-    dq = tl.dot(ds.to(kb.dtype), kb, input_precision=PREC) * scale  # [QB, BD]
+    s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)  # [t, j]
+    p = tl.where(in_win & t_ok[:, None], tl.exp2(s - lse[:, None]), 0.0)
+    dv = tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
+    dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
+    ds = p * (dp - delta[:, None])  # 0 outside the window and for queries not in [t_from, t_to]
+    dk = tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+    dq = tl.dot(ds.to(kb.dtype), kb, input_precision=PREC) * scale  # [C, BD]
     dd = tl.arange(0, BD)
     dq_ptrs = row_ptrs(DQM, q_row0, start, h, H, QB, BD, D)
     tl.atomic_add(dq_ptrs, dq, mask=t_ok[:, None] & (dd < D)[None, :], sem="relaxed")
     if NS:
-        _bias_grad(DRHO, ds, h, NB, start - c * C + HALF, QB, KC)
+        _bias_grad(DRHO, ds, h, NB, start - c * C + HALF, QB, C)
     elif (start + QB - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
-        _bias_grad(DRHO, ds, h, NB, start - c * C, QB, KC)
-    elif KEYS_FIRST:  # CC queries past the source share t' = m - 1: one add per score
-        tl.atomic_add(DRHO + h * NB + bias_t, ds_t, mask=in_win_t & t_ok[None, :], sem="relaxed")
-    else:
+        _bias_grad(DRHO, ds, h, NB, start - c * C, QB, C)
+    else:  # CC queries past the source share t' = m - 1: one add per score
         tl.atomic_add(DRHO + h * NB + bias_idx, ds, mask=in_win & t_ok[:, None], sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def lavo_dkv_kernel(
-    Q, K, V, DO, LSE, DELTA, RHO, KVM, SEGID, CHUNKS, KSUF, DVL, SUF, DQM, DRHO, DK, DV,
+    Q, K, V, DO, LSE, DELTA, RHO, KVM, SEGID, CHUNKS, DVL, SUF, DQM, DRHO, DK, DV,
     H, NB, scale,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NQB: tl.constexpr, TAIL: tl.constexpr,
     SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr,
-    PREC: tl.constexpr, SPLIT: tl.constexpr, KM: tl.constexpr, KEYS_FIRST: tl.constexpr,
+    PREC: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """One program per (block of KM key chunks, head); CHUNKS holds one row per block,
-    whose chunk index is the block's first chunk, and with KM > 1 KSUF the block's first
-    row in SUF (the per-chunk suffix sums). The queries whose window holds these keys
-    come in NQB blocks of C from the first chunk on; in CC with a target longer than the
-    source, the queries past the source (all anchored at m - 1) come in at most TAIL
-    more. Each block of C queries is taken as SPLIT tiles of C // SPLIT rows (fewer live
-    registers). More key chunks per program (KM) mean fewer dq atomics per query (one
-    per tile) and fewer reads of q and dO, for larger tiles."""
+    """One program per (key chunk, head). The queries whose window holds these keys come
+    in NQB blocks of C from the chunk on; in CC with a target longer than the source, the
+    queries past the source (all anchored at m - 1) come in at most TAIL more. Each
+    block of C queries is taken as SPLIT tiles of C // SPLIT rows (fewer live registers)."""
     QB: tl.constexpr = C // SPLIT
-    KC: tl.constexpr = KM * C  # keys per program
     kid = tl.program_id(0)
     h = tl.program_id(1)
     q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, kid)
     dd = tl.arange(0, BD)
-    j = c * C + tl.arange(0, KC)
+    j = c * C + tl.arange(0, C)
     j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
-    kb = load_rows(K, kv_row0, c * C, j_ok, h, H, KC, D, BD)
-    vb = load_rows(V, kv_row0, c * C, j_ok, h, H, KC, D, BD)
-    dk = tl.zeros([KC, BD], tl.float32)
-    dv = tl.zeros([KC, BD], tl.float32)
+    kb = load_rows(K, kv_row0, c * C, j_ok, h, H, C, D, BD)
+    vb = load_rows(V, kv_row0, c * C, j_ok, h, H, C, D, BD)
+    dk = tl.zeros([C, BD], tl.float32)
+    dv = tl.zeros([C, BD], tl.float32)
 
     if NS:
         lo = tl.maximum(c * C - HALF, 0)
-        hi = tl.minimum(c * C + KC - 1 + HALF, n - 1)
+        hi = tl.minimum(c * C + C - 1 + HALF, n - 1)
     else:
         lo = c * C
-        hi = tl.minimum(c * C + KC - 1 + WINDOW - 1, n - 1)
+        hi = tl.minimum(c * C + C - 1 + WINDOW - 1, n - 1)
     for b in range(NQB * SPLIT):
         start = lo - lo % C + b * QB
         dk_b, dv_b = _dkv_tile(
             Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, 0, hi, q_row0, n, kv_row0, m, h, H,
-            NB, scale, D, BD, C, KC, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC, KEYS_FIRST,
+            NB, scale, D, BD, C, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
         )
         dk += dk_b
         dv += dv_b
     tail_from = tl.maximum(hi + 1, m)  # queries not seen above, anchored at m - 1
-    if c * C + KC - 1 > m - 1 - WINDOW:  # some key of the block is in the last window
+    if c * C + C - 1 > m - 1 - WINDOW:  # some key of the chunk is in the last window
         for b in range(TAIL * SPLIT):
             start = tail_from - tail_from % C + b * QB
             if start < n:
                 dk_b, dv_b = _dkv_tile(
                     Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, tail_from, n - 1, q_row0, n,
-                    kv_row0, m, h, H, NB, scale, D, BD, C, KC, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC, KEYS_FIRST,
+                    kv_row0, m, h, H, NB, scale, D, BD, C, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
                 )
                 dk += dk_b
                 dv += dv_b
 
-    if SEG == 1 and KM == 1:
+    if SEG == 1:
         dv += tl.load(SUF + (kid * H + h).to(tl.int64) * D + dd, mask=dd < D, other=0.0)[None, :]
-    else:  # each key gets the memory gradient of its own chunk and segment
-        suf_row = tl.arange(0, KC) // C + kid
-        if KM > 1:
-            suf_row = tl.arange(0, KC) // C + tl.load(KSUF + kid)
-        seg_of = tl.zeros([KC], tl.int32)
-        if SEG > 1:
-            seg_of = tl.load(SEGID + kv_row0 + j, mask=j_ok, other=0)
-        suf_offs = ((suf_row * SEG + seg_of) * H + h).to(tl.int64)[:, None] * D + dd[None, :]
+    else:  # each key gets the memory gradient of its own segment
+        seg_of = tl.load(SEGID + kv_row0 + j, mask=j_ok, other=0)
+        suf_offs = ((kid * SEG + seg_of) * H + h).to(tl.int64)[:, None] * D + dd[None, :]
         dv += tl.load(SUF + suf_offs, mask=j_ok[:, None] & (dd < D)[None, :], other=0.0)
     if not NS:
-        dv += load_rows(DVL, kv_row0, c * C, j < m, h, H, KC, D, BD)
+        dv += load_rows(DVL, kv_row0, c * C, j < m, h, H, C, D, BD)
     dk = tl.where(j_ok[:, None], dk * scale, 0.0)
     dv = tl.where(j_ok[:, None], dv, 0.0)
-    store_rows(DK, dk, kv_row0, c * C, j < m, h, H, KC, D, BD)
-    store_rows(DV, dv, kv_row0, c * C, j < m, h, H, KC, D, BD)
+    store_rows(DK, dk, kv_row0, c * C, j < m, h, H, C, D, BD)
+    store_rows(DV, dv, kv_row0, c * C, j < m, h, H, C, D, BD)

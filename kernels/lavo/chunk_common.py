@@ -76,50 +76,32 @@ def load_basis(BAS, h, r0, R: tl.constexpr, D: tl.constexpr, RB: tl.constexpr, B
 
 
 @triton.jit
-def chunk_cumsum(
-    x, C: tl.constexpr, REVERSE: tl.constexpr, BY_DOT: tl.constexpr, PREC: tl.constexpr, PART: tl.constexpr = 0
-):
-    """Cumulative sums of x [C, BD] along the chunk axis (REVERSE: from the end), fp32;
-    with PART > 0, separately in each part of PART rows (the chunks of a block).
-
-    BY_DOT: as a product with the 0/1 triangular matrix on the tensor cores (x in its
-    own dtype: bf16 values are exact operands, fp32 ones take PREC, tf32 on bf16 inputs),
-    fp32 accumulation; else Triton's scan, which crosses warps through shared memory
-    (over all C rows; the parts then drop the sums of the parts after / before them)."""
+def chunk_cumsum(x, C: tl.constexpr, REVERSE: tl.constexpr, PREC: tl.constexpr):
+    """Cumulative sums of x [C, BD] along the chunk axis (REVERSE: from the end), fp32, as
+    a product with the 0/1 triangular matrix on the tensor cores: x in its own dtype
+    (bf16 / fp16 values are exact operands; fp32 ones take PREC, tf32 on bf16 / fp16
+    inputs), fp32 accumulation. Measured faster than `tl.cumsum`, a scan that crosses
+    warps through shared memory (H200, protocol shape: fwd+bwd 4.11 -> 3.94 ms; NOTES.md)."""
     i = tl.arange(0, C)
-    if BY_DOT:
-        if REVERSE:
-            tri = i[:, None] <= i[None, :]
-        else:
-            tri = i[:, None] >= i[None, :]
-        if PART > 0:
-            tri = tri & (i[:, None] // PART == i[None, :] // PART)
-        return tl.dot(tri.to(x.dtype), x, input_precision=PREC)
+    if REVERSE:
+        tri = i[:, None] <= i[None, :]
     else:
-        x = x.to(tl.float32)
-        out = tl.cumsum(x, 0, reverse=REVERSE)
-        if PART > 0:
-            for k in tl.static_range(C // PART):
-                total = tl.sum(tl.where((i // PART == k)[:, None], x, 0.0), 0)
-                if REVERSE:
-                    out -= tl.where((i // PART < k)[:, None], total[None, :], 0.0)
-                else:
-                    out -= tl.where((i // PART > k)[:, None], total[None, :], 0.0)
-        return out
+        tri = i[:, None] >= i[None, :]
+    return tl.dot(tri.to(x.dtype), x, input_precision=PREC)
 
 
 @triton.jit
 def memory_mean(
     V, KVM, CNT, PRE, cid, seg, h, H, first, t, tt, t_ok, kv_row0, m,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr,
-    CUMSUM_DOT: tl.constexpr, PREC: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """Mean of the values in each query's memory set (segment `seg`), vbar [C, BD] fp32,
     and its count [C], for the queries t = first + arange(C) of chunk `cid`.
 
     `PRE[chunk, seg, h]` holds the fp32 sum of the values the chunk's queries all share:
     the keys before the chunk (causal) or all keys of the segment (noncausal). Causal
-    queries add the keys of their own chunk up to `t'` by an fp32 scan; their counts are
+    queries add the keys of their own chunk up to `t'` (`chunk_cumsum`); their counts are
     t'+1, or with padding `CNT[key row]` (valid keys so far). Noncausal counts are
     `CNT[chunk, seg]`. A query with an empty memory set gets vbar = 0.
     """
@@ -133,7 +115,7 @@ def memory_mean(
         # (keys j >= m load as 0, so a clamped query t' = m - 1 gets the same sum)
         j_ok = key_valid(KVM, kv_row0, t, m, HAS_MASK)
         vb = load_rows(V, kv_row0, first, j_ok, h, H, C, D, BD)
-        csum = pre[None, :] + chunk_cumsum(vb, C, False, CUMSUM_DOT, PREC)
+        csum = pre[None, :] + chunk_cumsum(vb, C, False, PREC)
         if HAS_MASK:
             cnt = tl.load(CNT + kv_row0 + tt, mask=t_ok, other=0.0)
         else:
@@ -145,29 +127,18 @@ def memory_mean(
 @triton.jit
 def window_logits(
     q, kb, RHO, h, NB, t, tt, j, j_ok, scale, window,
-    NS: tl.constexpr, HALF: tl.constexpr, PREC: tl.constexpr, KEYS_FIRST: tl.constexpr = False,
+    NS: tl.constexpr, HALF: tl.constexpr, PREC: tl.constexpr,
 ):
     """Window logits of queries t [C] against keys j [C], log2 units, -inf outside the window.
 
-    Returns (logits [C, C], the bias index t'-j (or t-j+HALF), in-window mask), each
-    [keys, queries] with KEYS_FIRST (the product k q^T: a 64-row tensor-core tile when
-    the keys are 64 and the queries fewer)."""
-    if KEYS_FIRST:
-        s = tl.dot(kb, tl.trans(q), input_precision=PREC)
-        if NS:
-            delta = t[None, :] - j[:, None] + HALF
-            ok = (delta >= 0) & (delta <= 2 * HALF) & j_ok[:, None]
-        else:
-            delta = tt[None, :] - j[:, None]
-            ok = (delta >= 0) & (delta < window) & j_ok[:, None]
+    Returns (logits [C, C], the bias index t'-j (or t-j+HALF), in-window mask)."""
+    s = tl.dot(q, tl.trans(kb), input_precision=PREC)
+    if NS:
+        delta = t[:, None] - j[None, :] + HALF
+        ok = (delta >= 0) & (delta <= 2 * HALF) & j_ok[None, :]
     else:
-        s = tl.dot(q, tl.trans(kb), input_precision=PREC)
-        if NS:
-            delta = t[:, None] - j[None, :] + HALF
-            ok = (delta >= 0) & (delta <= 2 * HALF) & j_ok[None, :]
-        else:
-            delta = tt[:, None] - j[None, :]
-            ok = (delta >= 0) & (delta < window) & j_ok[None, :]
+        delta = tt[:, None] - j[None, :]
+        ok = (delta >= 0) & (delta < window) & j_ok[None, :]
     bias = tl.load(RHO + h * NB + delta, mask=ok, other=0.0)
     s = tl.where(ok, (s * scale + bias) * 1.4426950408889634, float("-inf"))
     return s, delta, ok

@@ -41,53 +41,42 @@ def chunk_value_sums_kernel(
 
 @triton.jit
 def lavo_fwd_kernel(
-    Q, K, V, BAS, RHO, MU, PRE, CNT, KVM, O, LSE, CHUNKS, QFIRST,
+    Q, K, V, BAS, RHO, MU, PRE, CNT, KVM, O, LSE, CHUNKS,
     H, NB, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
     WINDOW: tl.constexpr, NKB: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr,
-    HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr, CUMSUM_DOT: tl.constexpr, QM: tl.constexpr,
+    HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
 ):
-    """One program per (block of QM query chunks, head): CHUNKS holds one row per block,
-    whose chunk index is the block's first chunk, and with QM > 1 QFIRST that chunk's
-    row in PRE (the memory's prefix sums, whose rows are query chunks). The block's QM * C
-    queries run as one tile ([QM * C, C] window scores; 64-row wgmma per warpgroup at 8
-    warps with QM = 2); the key blocks stay C wide, NKB of them covering every query's
-    window."""
-    QC: tl.constexpr = QM * C  # queries per program
     cid = tl.program_id(0)
     h = tl.program_id(1)
     q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
-    pre_row = cid
-    if QM > 1:
-        pre_row = tl.load(QFIRST + cid)
-    t = c * C + tl.arange(0, QC)
+    t = c * C + tl.arange(0, C)
     t_ok = t < n
     tt = tl.minimum(t, m - 1)
-    q = load_rows(Q, q_row0, c * C, t_ok, h, H, QC, D, BD)
+    q = load_rows(Q, q_row0, c * C, t_ok, h, H, C, D, BD)
 
     # memory: r slots h_i b_i per segment, logits scale * h_i (B q)_i + mu_segment, in
     # NRB blocks of RB basis rows (one online softmax across blocks and segments)
     DT: tl.constexpr = Q.dtype.element_ty
-    m_i = tl.full([QC], float("-inf"), tl.float32)
-    l_i = tl.zeros([QC], tl.float32)
-    acc = tl.zeros([QC, BD], tl.float32)
+    m_i = tl.full([C], float("-inf"), tl.float32)
+    l_i = tl.zeros([C], tl.float32)
+    acc = tl.zeros([C, BD], tl.float32)
     for seg in range(SEG):  # memory logits are finite, so m_i is finite from here on
         vbar, cnt = memory_mean(
-            V, KVM, CNT, PRE, pre_row, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, QC, SEG, NS, HAS_MASK,
-            CUMSUM_DOT, PREC,
+            V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK, PREC
         )
         mu = tl.load(MU + h * SEG + seg)
         for rb in range(NRB):
             basis, rr = load_basis(BAS, h, rb * RB, R, D, RB, BD)  # [RB, BD]
-            g = mem_dot(q, tl.trans(basis), DT, PREC)  # [QC, RB]
-            hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [QC, RB]
+            g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
+            hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, RB]
             e = (scale * hm * g + mu) * 1.4426950408889634
             e = tl.where((rr < R)[None, :], e, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(e, 1))
             alpha = tl.exp2(m_i - m_new)
             pm = tl.exp2(e - m_new[:, None])
             l_i = l_i * alpha + tl.sum(pm, 1)
-            acc = acc * alpha[:, None] + mem_dot(pm * hm, basis, DT, PREC)  # [QC, BD]
+            acc = acc * alpha[:, None] + mem_dot(pm * hm, basis, DT, PREC)  # [C, BD]
             m_i = m_new
 
     # window: key blocks covering [lo, hi]
@@ -112,5 +101,5 @@ def lavo_fwd_kernel(
     o = acc / l_i[:, None]
     if QMASK:  # self-attention with padding: a padded query outputs 0
         o = tl.where(key_valid(KVM, kv_row0, t, m, True)[:, None], o, 0.0)
-    store_rows(O, o, q_row0, c * C, t_ok, h, H, QC, D, BD)
+    store_rows(O, o, q_row0, c * C, t_ok, h, H, C, D, BD)
     tl.store(LSE + (q_row0 + t).to(tl.int64) * H + h, m_i + tl.log2(l_i), mask=t_ok)

@@ -11,12 +11,12 @@ benchmark against SDPA and FlexAttention is `python -m lavo_tasks.bench`.
 
 With `--variants` (all of VARIANTS, or the names given) it times instead, for each
 variant, the forward and forward+backward medians at T = 1K and 8K with chunk.py's
-LAUNCH / PATHS patched as the variant says, checks the variant's output and gradients
-(B = 4, T = 1K, nonzero biases) against the fp32 PyTorch path (largest relative RMS
-error; WRONG above CHECK_TOL, as tests/test_gpu_lavo.py's bf16 tests), then prints a
-table sorted by the 8K forward+backward time and the kernel table of the fastest
-correct variant. Variants past VARIANTS_BUDGET_S seconds are skipped (listed); the
-d = 256 medians are not run.
+LAUNCH (or an integer constant) patched as the variant says, checks the variant's
+output and gradients (B = 4, T = 1K, nonzero biases) against the fp32 PyTorch path
+(largest relative RMS error; WRONG above CHECK_TOL, as tests/test_gpu_lavo.py's bf16
+tests), then prints a table sorted by the 8K forward+backward time and the kernel
+table of the fastest correct variant. Variants past VARIANTS_BUDGET_S seconds are
+skipped (listed); the d = 256 medians are not run.
 """
 
 import argparse
@@ -36,44 +36,20 @@ HEADS, DIM, WINDOW, RANK, TOKENS = 16, 64, 128, 64, 65536
 WIDE_AFTER_S = 75  # the d = 256 medians (more kernels to compile) run only if the rest took less
 VARIANTS_BUDGET_S = 110  # --variants: no new variant starts after this (compiles take a few s a kernel)
 CHECK_TOL = 5e-3  # --variants: relative RMS error allowed against the fp32 PyTorch path (ATTENTION.md section 4)
-# name -> settings: "kernel.option" patches chunk.LAUNCH[kernel][option], a plain name
-# chunk.PATHS[name] or the integer constant chunk.NAME; "default" patches nothing and is
-# the reference of the checks
-VARIANTS = {  # in the order they run (the likeliest gains first, in case the budget cuts the list)
+# name -> settings: "kernel.option" patches chunk.LAUNCH[kernel][option], an upper-case
+# name the integer constant chunk.NAME; "default" patches nothing. The others are the
+# launch settings next to the defaults, to time again on them. On the defaults before
+# (H200, 2026-11-30 14:12): dkv SPLIT 4 alone 0.15 ms slower, but in the fastest
+# combination measured (with the Triton range sums and the triangular cumsum, now both
+# the only paths); dkv 2 stages and fwd 3 stages were the defaults (0.08-0.12 and
+# 0.06-0.07 ms slower than 1 and 2); DQ_GROUP 16 0.03 ms faster, within the noise
+VARIANTS = {  # in the order they run
     "default": {},
-    "range_sums_triton": {"range_sums": "triton"},
-    "dkv_km2_w8": {"dkv.KM": 2, "dkv.num_warps": 8},  # 128 keys a program (ptxas: 255 regs, 184 B spills)
-    "dkv_km2_w8_split4": {"dkv.KM": 2, "dkv.num_warps": 8, "dkv.SPLIT": 4},  # 16-query tiles (40 B spills)
-    "dkv_split4": {"dkv.SPLIT": 4},  # 16-query tiles (ptxas: 255 regs, 52 B spills; default 316 B)
-    # [keys, queries] score tiles: 4 of 5 products wgmma instead of 2 (ptxas 420 B / 44 B at SPLIT 4)
-    "dkv_keys_first": {"dkv.KEYS_FIRST": True},
-    "dkv_keys_first_split4": {"dkv.KEYS_FIRST": True, "dkv.SPLIT": 4},
-    "dkv_km2_w8_keys_first_split4": {"dkv.KM": 2, "dkv.num_warps": 8, "dkv.KEYS_FIRST": True, "dkv.SPLIT": 4},  # 92 B
-    "fwd_qm2_w8": {"fwd.QM": 2, "fwd.num_warps": 8},  # 128 queries a program (ptxas: 249 regs, no spills)
-    "fwd_qm2_w8_stages2": {"fwd.QM": 2, "fwd.num_warps": 8, "fwd.num_stages": 2},  # 246 regs, no spills
-    "cumsum_dot": {"cumsum": "dot"},
-    # combinations of the above (their kernels are compiled by then: timing only)
-    "range_sums_triton+dkv_split4": {"range_sums": "triton", "dkv.SPLIT": 4},
-    "range_sums_triton+dkv_km2_w8": {"range_sums": "triton", "dkv.KM": 2, "dkv.num_warps": 8},
-    "range_sums_triton+dkv_split4+cumsum_dot": {"range_sums": "triton", "dkv.SPLIT": 4, "cumsum": "dot"},
-    "range_sums_triton+dkv_split4+fwd_qm2_w8": {
-        "range_sums": "triton", "dkv.SPLIT": 4, "fwd.QM": 2, "fwd.num_warps": 8,
-    },
-    "range_sums_triton+dkv_keys_first_split4+fwd_qm2_w8": {
-        "range_sums": "triton", "dkv.KEYS_FIRST": True, "dkv.SPLIT": 4, "fwd.QM": 2, "fwd.num_warps": 8,
-    },
-    "range_sums_triton+dkv_km2_w8+fwd_qm2_w8": {
-        "range_sums": "triton", "dkv.KM": 2, "dkv.num_warps": 8, "fwd.QM": 2, "fwd.num_warps": 8,
-    },
-    "mem_bwd_qm2_w8": {"mem_bwd.QM": 2, "mem_bwd.num_warps": 8},  # 128-query steps (ptxas: 708 B spills, 304 now)
-    "dkv_split1": {"dkv.SPLIT": 1},  # 64-query tiles (ptxas: 1.4 KB spills)
+    "dkv_split4": {"dkv.SPLIT": 4},  # 16-query tiles (ptxas: 52 B spills; SPLIT 2: 316 B)
+    "dkv_split4_stages2": {"dkv.SPLIT": 4, "dkv.num_stages": 2},  # the fastest measured dkv setting
+    "dkv_stages2": {"dkv.num_stages": 2},
+    "fwd_stages3": {"fwd.num_stages": 3},
     "mem_bwd_group16": {"DQ_GROUP": 16},  # query chunks per memory-backward program (8)
-    "mem_bwd_group4": {"DQ_GROUP": 4},
-    "fwd_stages2": {"fwd.num_stages": 2},
-    "dkv_stages1": {"dkv.num_stages": 1},
-    "dkv_stages3": {"dkv.num_stages": 3},
-    "mem_bwd_stages1": {"mem_bwd.num_stages": 1},
-    "mem_bwd_stages3": {"mem_bwd.num_stages": 3},
 }
 
 
@@ -120,31 +96,24 @@ def _profile(leaves):
 
 @contextlib.contextmanager
 def patched(settings):
-    """chunk.LAUNCH, chunk.PATHS and chunk's upper-case constants with `settings` (a
-    VARIANTS entry) applied, restored after."""
-    saved = copy.deepcopy(chunk.LAUNCH), dict(chunk.PATHS), {}
+    """chunk.LAUNCH and chunk's upper-case integer constants with `settings` (a VARIANTS
+    entry) applied, restored after."""
+    saved_launch, saved_constants = copy.deepcopy(chunk.LAUNCH), {}
     try:
         for key, value in settings.items():
             kernel, _, option = key.rpartition(".")
             if kernel in chunk.LAUNCH:
                 chunk.LAUNCH[kernel][option] = value
-            elif not kernel and key in chunk.PATHS:
-                chunk.PATHS[key] = value
             elif not kernel and key.isupper() and isinstance(getattr(chunk, key, None), int):
-                saved[2][key] = getattr(chunk, key)
+                saved_constants[key] = getattr(chunk, key)
                 setattr(chunk, key, value)
             else:
-                raise KeyError(
-                    f"variant setting {key!r}: not a chunk.LAUNCH kernel's option, a chunk.PATHS entry or a "
-                    "chunk constant"
-                )
+                raise KeyError(f"variant setting {key!r}: not a chunk.LAUNCH kernel's option or a chunk constant")
         yield
     finally:
         chunk.LAUNCH.clear()
-        chunk.LAUNCH.update(saved[0])
-        chunk.PATHS.clear()
-        chunk.PATHS.update(saved[1])
-        for key, value in saved[2].items():
+        chunk.LAUNCH.update(saved_launch)
+        for key, value in saved_constants.items():
             setattr(chunk, key, value)
 
 
@@ -187,10 +156,10 @@ def run_variants(names, emit, started):
             row[f"fwd_ms_{t['T']}"], row[f"fwd_bwd_ms_{t['T']}"] = t["fwd_ms"], t["fwd_bwd_ms"]
         emit(row)
         rows.append(row)
-    print(f"{'variant':52s} {'fwd 1K':>8s} {'fwd 8K':>8s} {'f+b 1K':>8s} {'f+b 8K':>8s} {'error':>8s}")
+    print(f"{'variant':28s} {'fwd 1K':>8s} {'fwd 8K':>8s} {'f+b 1K':>8s} {'f+b 8K':>8s} {'error':>8s}")
     for row in sorted(rows, key=lambda r: r["fwd_bwd_ms_8192"]):
         print(
-            f"{row['variant']:52s} {row['fwd_ms_1024']:8.3f} {row['fwd_ms_8192']:8.3f} {row['fwd_bwd_ms_1024']:8.3f} "
+            f"{row['variant']:28s} {row['fwd_ms_1024']:8.3f} {row['fwd_ms_8192']:8.3f} {row['fwd_bwd_ms_1024']:8.3f} "
             f"{row['fwd_bwd_ms_8192']:8.3f} {row['max_rel_rms_error']:8.1e}{'' if row['ok'] else ' WRONG'}"
         )
     if skipped:
