@@ -149,19 +149,23 @@ def _pair_mask(diag_ok, BT: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def _slot_read(x, y, s0, b, s, qf, diag_ok, bb, n, HM, M,
-               BT: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
-    """[BT, BM] with entry (t, m) = exp(b_t) (s0 x_t)_m + sum_{j <= t} s_j,m exp(b_t,m - b_j,m) (x_t . y_j),
-    the diagonal blocks left out unless diag_ok; x, y [BT, BD] in the inputs' dtype,
-    s0 [BM, BD] fp32 (the chunk's start state)."""
-    a = tl.where(_pair_mask(diag_ok, BT, BC), _dot_inputs(x, tl.trans(y)), 0.0)  # [t, j]
-    blk = tl.arange(0, BT) // BC
+def _slot_read(x, yb, s0, b, s, qf, diag_ok, gb, bb, n, HD, HM, D, M,
+               BT: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
+    """[BT, BM] with entry (t, m) = exp(b_t) (s0 x_t)_m + sum_{j <= t} s_j,m exp(b_t,m - b_j,m) (x_t . y_j);
+    x [BT, BD] in the inputs' dtype, y the chunk's rows at yb, s0 [BM, BD] fp32 (the
+    chunk's start state)."""
+    o_t = tl.arange(0, BT)
+    a = tl.where(_pair_mask(diag_ok, BT, BC), _dot_inputs(x, tl.trans(_tile(yb, o_t, o_t < n, HD, D, BD))), 0.0)
+    blk = o_t // BC
     acc = tl.zeros_like(b)
     for i in tl.static_range(BT // BC):
         if i * BC < n:  # (a block past the end has no reference row)
             k_i = s * _key_factor(bb, b, i, n, HM, M, diag_ok, BT, BM, BC)
             acc += _dot(tl.where((blk == i)[:, None], a, 0.0), k_i, PREC)
-    return tl.exp(b) * _dot_in(x, tl.trans(s0), PREC) + qf * acc
+    out = tl.exp(b) * _dot_in(x, tl.trans(s0), PREC) + qf * acc
+    if not diag_ok:
+        out += _exact_slot_diagonal(x, yb, gb, bb, b, n, HD, HM, D, M, BT, BM, BD, BC)
+    return out
 
 
 @triton.jit
@@ -271,12 +275,8 @@ def _whole_output_kernel(
     bb, gb = _base(b_ptr, t0, i_h, H, M), _base(g_ptr, t0, i_h, H, M)
     b, s, qf, diag_ok = _chunk_gates(bb, gb, n, HM, M, BT, BM, BC, SPAN)
     q = _tile(_base(q_ptr, t0, i_h, H, DK), o_t, m_t, H * DK, DK, BK)
-    kb = _base(k_ptr, t0, i_h, H, DK)
-    z = _slot_read(q, _tile(kb, o_t, m_t, H * DK, DK, BK), _load_state(sk_ptr, i_c, i_h, H, M, DK, BM, BK),
-                   b, s, qf, diag_ok, bb, n, HM, M, BT, BM, BC, PREC_S)
-    if not diag_ok:
-        z += _exact_slot_diagonal(q, kb, gb, bb, b, n, H * DK, HM, DK, M, BT, BM, BK, BC)
-    z = z * scale
+    z = _slot_read(q, _base(k_ptr, t0, i_h, H, DK), _load_state(sk_ptr, i_c, i_h, H, M, DK, BM, BK),
+                   b, s, qf, diag_ok, gb, bb, n, H * DK, HM, DK, M, BT, BM, BK, BC, PREC_S) * scale
     _store_tile(_base(z_ptr, t0, i_h, H, M), z, o_t, m_t, HM, M, BM)
     p = _slot_softmax(z, M, BM)
     o = _value_read(p, _tile(_base(v_ptr, t0, i_h, H, DV), o_t, m_t, H * DV, DV, BV),
@@ -309,11 +309,8 @@ def _whole_query_bwd_kernel(
     z = _tile(_base(z_ptr, t0, i_h, H, M), o_t, m_t, HM, M, BM)
     p = _slot_softmax(z, M, BM)
     do = _tile(_base(do_ptr, t0, i_h, H, DV), o_t, m_t, H * DV, DV, BV)
-    vb = _base(v_ptr, t0, i_h, H, DV)
-    dp = _slot_read(do, _tile(vb, o_t, m_t, H * DV, DV, BV), _load_state(sv_ptr, i_c, i_h, H, M, DV, BM, BV),
-                    b, s, qf, diag_ok, bb, n, HM, M, BT, BM, BC, PREC_S)
-    if not diag_ok:
-        dp += _exact_slot_diagonal(do, vb, gb, bb, b, n, H * DV, HM, DV, M, BT, BM, BV, BC)
+    dp = _slot_read(do, _base(v_ptr, t0, i_h, H, DV), _load_state(sv_ptr, i_c, i_h, H, M, DV, BM, BV),
+                    b, s, qf, diag_ok, gb, bb, n, H * DV, HM, DV, M, BT, BM, BV, BC, PREC_S)
     dz = p * (dp - tl.sum(p * dp, 1)[:, None])
     _store_tile(_base(p_ptr, t0, i_h, H, M), p, o_t, m_t, HM, M, BM)
     _store_tile(_base(dz_ptr, t0, i_h, H, M), dz, o_t, m_t, HM, M, BM)
