@@ -206,23 +206,28 @@ def _load_cols(ptr, rows, m_t, i_h, H, D, d0, DB: tl.constexpr):
 
 
 @triton.jit
-def _load_state(s_ptr, i_c, i_h, H, M, D, d0, BM: tl.constexpr, DB: tl.constexpr):
+def _state(s_ptr, i_c, i_h, H, M, D, d0, BM: tl.constexpr, DB: tl.constexpr):
     """Columns [d0, d0+DB) of the fp32 [M, D] state (or state gradient) kept for chunk i_c,
-    head i_h -> [BM, DB]."""
+    head i_h: (pointer to the state, offsets, mask) of the [BM, DB] tile; an int64 base and
+    int32 offsets inside the state."""
     o_m = tl.arange(0, BM)
     o_d = d0 + tl.arange(0, DB)
-    return tl.load(s_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * D + o_d[None, :],
-                   mask=(o_m < M)[:, None] & (o_d < D)[None, :], other=0.0)
+    return (s_ptr + (i_c.to(tl.int64) * H + i_h) * M * D, o_m[:, None] * D + o_d[None, :],
+            (o_m < M)[:, None] & (o_d < D)[None, :])
+
+
+@triton.jit
+def _load_state(s_ptr, i_c, i_h, H, M, D, d0, BM: tl.constexpr, DB: tl.constexpr):
+    """The [BM, DB] tile of `_state`."""
+    base, offs, mask = _state(s_ptr, i_c, i_h, H, M, D, d0, BM, DB)
+    return tl.load(base + offs, mask=mask, other=0.0)
 
 
 @triton.jit
 def _store_state(s_ptr, x, i_c, i_h, H, M, D, d0, BM: tl.constexpr, DB: tl.constexpr):
-    """Store x [BM, DB] as columns [d0, d0+DB) of the fp32 [M, D] state block of chunk
-    i_c, head i_h (the layout `_load_state` reads)."""
-    o_m = tl.arange(0, BM)
-    o_d = d0 + tl.arange(0, DB)
-    tl.store(s_ptr + ((i_c * H + i_h) * M + o_m[:, None]) * D + o_d[None, :], x,
-             mask=(o_m < M)[:, None] & (o_d < D)[None, :])
+    """Store x [BM, DB] as the tile of `_state`."""
+    base, offs, mask = _state(s_ptr, i_c, i_h, H, M, D, d0, BM, DB)
+    tl.store(base + offs, x, mask=mask)
 
 
 @triton.jit

@@ -24,7 +24,7 @@ themselves run on the inputs' dtype (exact products, fp32 accumulation).
 import triton
 import triton.language as tl
 
-from .chunk_kernels import _INTERPRETED, _dot, _slot_softmax
+from .chunk_kernels import _INTERPRETED, _dot, _load_state, _slot_softmax, _store_state
 
 
 @triton.jit
@@ -76,28 +76,6 @@ def _store_tile(base, x, rows, ok, stride, width, BW: tl.constexpr):
     o = tl.arange(0, BW)
     tl.store(base + rows[:, None] * stride + o[None, :], x.to(base.dtype.element_ty),
              mask=ok[:, None] & (o < width)[None, :])
-
-
-@triton.jit
-def _state(s_ptr, i_c, i_h, H, M, D, BM: tl.constexpr, BD: tl.constexpr):
-    """Pointer to the [M, D] fp32 state (or state gradient) kept for chunk i_c, head i_h,
-    and the offsets / mask of its [BM, BD] tile."""
-    o_m = tl.arange(0, BM)
-    o_d = tl.arange(0, BD)
-    return (s_ptr + (i_c.to(tl.int64) * H + i_h) * M * D, o_m[:, None] * D + o_d[None, :],
-            (o_m < M)[:, None] & (o_d < D)[None, :])
-
-
-@triton.jit
-def _load_state(s_ptr, i_c, i_h, H, M, D, BM: tl.constexpr, BD: tl.constexpr):
-    base, off, mask = _state(s_ptr, i_c, i_h, H, M, D, BM, BD)
-    return tl.load(base + off, mask=mask, other=0.0)
-
-
-@triton.jit
-def _store_state(s_ptr, x, i_c, i_h, H, M, D, BM: tl.constexpr, BD: tl.constexpr):
-    base, off, mask = _state(s_ptr, i_c, i_h, H, M, D, BM, BD)
-    tl.store(base + off, x, mask=mask)
 
 
 @triton.jit
@@ -275,12 +253,12 @@ def _whole_output_kernel(
     bb, gb = _base(b_ptr, t0, i_h, H, M), _base(g_ptr, t0, i_h, H, M)
     b, s, qf, diag_ok = _chunk_gates(bb, gb, n, HM, M, BT, BM, BC, SPAN)
     q = _tile(_base(q_ptr, t0, i_h, H, DK), o_t, m_t, H * DK, DK, BK)
-    z = _slot_read(q, _base(k_ptr, t0, i_h, H, DK), _load_state(sk_ptr, i_c, i_h, H, M, DK, BM, BK),
+    z = _slot_read(q, _base(k_ptr, t0, i_h, H, DK), _load_state(sk_ptr, i_c, i_h, H, M, DK, 0, BM, BK),
                    b, s, qf, diag_ok, gb, bb, n, H * DK, HM, DK, M, BT, BM, BK, BC, PREC_S) * scale
     _store_tile(_base(z_ptr, t0, i_h, H, M), z, o_t, m_t, HM, M, BM)
     p = _slot_softmax(z, M, BM)
     o = _value_read(p, _tile(_base(v_ptr, t0, i_h, H, DV), o_t, m_t, H * DV, DV, BV),
-                    _load_state(sv_ptr, i_c, i_h, H, M, DV, BM, BV), b, s, qf, diag_ok, gb, bb, n, HM, M,
+                    _load_state(sv_ptr, i_c, i_h, H, M, DV, 0, BM, BV), b, s, qf, diag_ok, gb, bb, n, HM, M,
                     BT, BM, BC, PREC_V)
     _store_tile(_base(o_ptr, t0, i_h, H, DV), o, o_t, m_t, H * DV, DV, BV)
 
@@ -309,7 +287,7 @@ def _whole_query_bwd_kernel(
     z = _tile(_base(z_ptr, t0, i_h, H, M), o_t, m_t, HM, M, BM)
     p = _slot_softmax(z, M, BM)
     do = _tile(_base(do_ptr, t0, i_h, H, DV), o_t, m_t, H * DV, DV, BV)
-    dp = _slot_read(do, _base(v_ptr, t0, i_h, H, DV), _load_state(sv_ptr, i_c, i_h, H, M, DV, BM, BV),
+    dp = _slot_read(do, _base(v_ptr, t0, i_h, H, DV), _load_state(sv_ptr, i_c, i_h, H, M, DV, 0, BM, BV),
                     b, s, qf, diag_ok, gb, bb, n, H * DV, HM, DV, M, BT, BM, BV, BC, PREC_S)
     dz = p * (dp - tl.sum(p * dp, 1)[:, None])
     _store_tile(_base(p_ptr, t0, i_h, H, M), p, o_t, m_t, HM, M, BM)
@@ -317,14 +295,14 @@ def _whole_query_bwd_kernel(
     dgate = tl.where((tl.arange(0, BM) < M)[None, :], z * dz, 0.0) + p * dp
     _store_tile(_base(dgate_ptr, t0, i_h, H, M), dgate, o_t, m_t, HM, M, BM)
     dq = _value_read(dz, _tile(_base(k_ptr, t0, i_h, H, DK), o_t, m_t, H * DK, DK, BK),
-                     _load_state(sk_ptr, i_c, i_h, H, M, DK, BM, BK), b, s, qf, diag_ok, gb, bb, n, HM, M,
+                     _load_state(sk_ptr, i_c, i_h, H, M, DK, 0, BM, BK), b, s, qf, diag_ok, gb, bb, n, HM, M,
                      BT, BM, BC, PREC_V)
     _store_tile(_base(dq_ptr, t0, i_h, H, DK), dq * scale, o_t, m_t, H * DK, DK, BK)
     # the start states' gradients (rows past the end: dz = 0 and do = 0, they add nothing)
     eb = tl.exp(b)
-    _store_state(dnv_ptr, _dot_in(tl.trans(p * eb), do, PREC_S), i_c, i_h, H, M, DV, BM, BV)
+    _store_state(dnv_ptr, _dot_in(tl.trans(p * eb), do, PREC_S), i_c, i_h, H, M, DV, 0, BM, BV)
     q = _tile(_base(q_ptr, t0, i_h, H, DK), o_t, m_t, H * DK, DK, BK)
-    _store_state(dnk_ptr, scale * _dot_in(tl.trans(dz * eb), q, PREC_S), i_c, i_h, H, M, DK, BM, BK)
+    _store_state(dnk_ptr, scale * _dot_in(tl.trans(dz * eb), q, PREC_S), i_c, i_h, H, M, DK, 0, BM, BK)
 
 
 @triton.jit
@@ -340,7 +318,7 @@ def _key_side(w_ptr, x_ptr, y_ptr, dn_ptr, dy_ptr, sc, b, s, qf, to_end, diag_ok
     w = _tile(wb, o_t, m_t, HM, M, BM)
     x = _tile(xb, o_t, m_t, HD, D, BD)
     y = _tile(_base(y_ptr, t0, i_h, H, D), o_t, m_t, HD, D, BD)
-    dn = _load_state(dn_ptr, i_c, i_h, H, M, D, BM, BD)
+    dn = _load_state(dn_ptr, i_c, i_h, H, M, D, 0, BM, BD)
     dy = _dot(s * to_end, dn, PREC_V)
     ds = to_end * _dot_in(y, tl.trans(dn), PREC_S)
     # the queries of the chunk: ds through (y_j . x_t), dy through the pair weights
