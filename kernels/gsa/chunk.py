@@ -130,12 +130,10 @@ class _Config:
         self.BD_WRITE = min(max(self.BK, self.BV), state_cols)
         cols = COL_BLOCK // 2 if narrow else COL_BLOCK
         self.DBK, self.DBV = min(self.BK, cols), min(self.BV, cols)
-        wide = self.BM * max(self.BK, self.BV) > 64 * 64
-        self.warps = {name: 8 if wide else w for name, w in WARPS.items()}
         self.blocks = dict(BK=self.BK, BV=self.BV, DBK=self.DBK, DBV=self.DBV)
         self.whole = self.BM <= WHOLE_MAX_SLOTS and max(self.BK, self.BV) <= WHOLE_MAX_DIM
-        if self.whole:
-            self.warps = dict(WHOLE_WARPS)
+        wide = self.BM * max(self.BK, self.BV) > 64 * 64
+        self.warps = dict(WHOLE_WARPS) if self.whole else {name: 8 if wide else w for name, w in WARPS.items()}
         exact = dtype == torch.float32
         self.prec = dict(PREC_S="ieee" if exact else PREC_SLOTS, PREC_V="ieee" if exact else PREC_VALUES)
 
