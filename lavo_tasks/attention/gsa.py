@@ -81,8 +81,9 @@ class GatedSlotAttention(AttentionBlock):
             o, _ = gsa_attn(self._queries(x), *self._source(source), causal=self.causal, cross=self.cross,
                             kv_mask=kv_mask, backend=self.backend)
         # RMSNorm in o's dtype, autocast or not (under autocast bf16: the kernel accumulates
-        # in fp32, and the output projection takes bf16 anyway; the norm in fp32 cost 0.6 ms
-        # per layer and step on the H200 at CAB's sizes)
+        # in fp32, and the output projection takes bf16 anyway). H200, CAB's sizes, forward +
+        # backward per layer and step: 0.61 ms in fp32, 0.53 ms in bf16 (PyTorch's kernel
+        # takes one 64-wide row per thread block)
         with torch.autocast(o.device.type, enabled=False):
             o = F.rms_norm(F.silu(o), self.norm.normalized_shape, self.norm.weight.to(o.dtype), self.norm.eps)
         y = self.out_proj(o.reshape(x.shape))  # [B, T, H, d] -> [B, T, D]
