@@ -30,20 +30,20 @@ DQ_GROUP = 8  # query chunks per program of the memory backward (one dB partial 
 DELTA_TILE = 4096  # elements of o per program of the Delta kernel
 RANK_BLOCK = 64  # basis rows per step of the memory loops
 MAX_HEAD_DIM = 256
-# launch settings. 4 warps beat 8 by 1.5-1.7x at d=64 in all three kernels and were
-# within 6% at d=256; ptxas's own register count beat a cap of 168; dkv: query tiles of
-# C/2 rows (SPLIT 2) beat whole blocks (H200, 2026-11-30 12:45). num_stages from
-# `gpu_profile --variants` (H200, 2026-11-30 14:12; bf16, H=16, d=64, w=128, r=64,
-# 65,536 tokens per step; fwd+bwd ms at T=1K / 8K, the former settings 4.147 / 4.114):
-# dkv 1 stage 4.028 / 4.038 (3 stages: 4.565 / 4.541), fwd 2 stages 4.079 / 4.051 (fwd
-# alone 1.018 -> 0.960 ms); mem_bwd 1 or 3 stages and DQ_GROUP 4 or 16 within 0.03 ms;
-# dkv SPLIT 4 4.265 / 4.260 alone (SPLIT 1: 4.621 / 4.606). The same run put the range
-# sums on chunk_scan.py (3.945 / 3.919, was float64 PyTorch sums) and the in-chunk sums on
-# triangular products (chunk_common.chunk_cumsum; 3.967 / 3.942, was tl.cumsum).
+LOG2E = 1.4426950408889634  # the kernels' logits are in log2 units
+# launch settings, timed by `gpu_profile --variants` (H200, bf16, H=16, d=64, w=128,
+# r=64, 65,536 tokens per step). 4 warps beat 8 by 1.5-1.7x at d=64 in all three kernels
+# and were within 6% at d=256; ptxas's own register count beat a cap of 168
+# (2026-11-30 12:45). With the bias tiles and the pipelined memory backward (2026-11-30
+# 16:00, fwd+bwd ms at T=1K / 8K): dkv query tiles of C/2 rows (SPLIT 2) with their
+# loads pipelined (2 stages) 2.803 / 2.794, at 1 stage 2.896 / 2.904, SPLIT 1 (64-row
+# tiles, all products on wgmma but 300 B of spills) 2.846 / 2.846 (2 stages: 2.905 /
+# 2.913); mem_bwd 3 stages 3.183 / 3.192; DQ_GROUP 16 or 4 within 0.02 ms; fwd 2 stages
+# 0.507 ms alone (1 stage 0.545, 3 stages 0.585 / 0.725).
 LAUNCH = {
     "fwd": dict(num_warps=4, num_stages=2),
     "mem_bwd": dict(num_warps=4, num_stages=2),
-    "dkv": dict(num_warps=4, num_stages=1, SPLIT=2),
+    "dkv": dict(num_warps=4, num_stages=2, SPLIT=2),
     "mem_sums": dict(num_warps=8, num_stages=2),  # [C, d] fp32 sums of up to d=256 on chip; timed only in totals
 }
 
@@ -168,17 +168,46 @@ def _compile_args(q, rank, chunk, noncausal, window, kv_mask, cross):
     # key blocks a query chunk's windows touch (NKB) and query blocks a key chunk's keys
     # are seen by (NQB); CC chunks past the source see the last w keys, which touch
     # at most as many blocks as an aligned causal window
+    # at the same counts; self-attention: KB0 of a query chunk's key blocks come before
+    # it, the key chunk's queries start QB0 chunks before it (0 causal), and the lower
+    # triangle of its last query chunk lies in the window (LAST) only when the window
+    # ends on a chunk boundary (kernels chunk_bwd._dkv_table)
     if noncausal:
-        nkb = nqb = 0 if cross else 2 * -(-half // chunk) + 1
+        kb0 = -(-half // chunk)
+        nkb = nqb = 0 if cross else 2 * kb0 + 1
+        qb0 = kb0
     else:
-        nkb = -(-(window - 1) // chunk) + 1
+        kb0 = -(-(window - 1) // chunk)
+        nkb = kb0 + 1
         nqb = (window + chunk - 2) // chunk + 1
+        qb0 = 0
+    bias_entries = window + 1 if noncausal else window
     return dict(
         D=d, BD=max(16, triton.next_power_of_2(d)), RB=rank_block, NRB=-(-rank // rank_block), C=chunk, WINDOW=window,
-        NS=noncausal, HALF=half, NKB=nkb, NQB=nqb,
+        NS=noncausal, HALF=half, NKB=nkb, NQB=nqb, KB0=kb0, QB0=qb0, LAST=(nqb - 1 - qb0) * chunk + half < bias_entries,
+        TABLE=not cross,
         HAS_MASK=kv_mask is not None, QMASK=kv_mask is not None and not cross,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
     )
+
+
+@functools.lru_cache(maxsize=16)
+def _bias_index(chunk, nkb, kb0, half, entries, device):
+    """Per window tile b, query row i and key jj of a self-attention query chunk (key
+    block c - KB0 + b): the index into rel_bias, (KB0 - b) * C + i - jj (+ HALF
+    noncausal), clamped, and whether it lies in the window -> two [NKB, C, C] tensors."""
+    b, i, jj = (torch.arange(size, device=device) for size in (nkb, chunk, chunk))
+    idx = (kb0 - b)[:, None, None] * chunk + i[None, :, None] - jj[None, None, :] + half
+    inside = (idx >= 0) & (idx < entries)
+    return idx.clamp(0, entries - 1), inside
+
+
+def _window_bias_tiles(rho, meta):
+    """The bias tiles of a self-attention query chunk's window (chunk_common.table_logits):
+    rel_bias [H, entries] fp32 -> [H * NKB, C, C] fp32 in log2 units, -inf outside the window."""
+    idx, inside = _bias_index(meta["C"], meta["NKB"], meta["KB0"], meta["HALF"], rho.shape[1], rho.device)
+    tiles = torch.where(inside, rho[:, idx] * LOG2E, float("-inf"))  # [H, NKB, C, C]
+    return tiles.reshape(-1, meta["C"], meta["C"])
 
 
 class _LavoChunkFn(torch.autograd.Function):
@@ -210,6 +239,7 @@ class _LavoChunkFn(torch.autograd.Function):
         else:
             cnt = rho  # placeholder: counts are t' + 1
         meta = _compile_args(q, rank, chunk, noncausal, window, kv_mask, cross)
+        tables = _window_bias_tiles(rho, meta) if meta["TABLE"] else rho  # (placeholder: CC, NC)
 
         sums = torch.empty(len(layout.kchunks), segments, heads, d, dtype=torch.float32, device=q.device)
         chunk_value_sums_kernel[(len(layout.kchunks), heads)](
@@ -220,10 +250,10 @@ class _LavoChunkFn(torch.autograd.Function):
         o = torch.empty_like(qf)
         lse = torch.empty(qf.shape[0], heads, dtype=torch.float32, device=q.device)
         lavo_fwd_kernel[(len(layout.qchunks), heads)](
-            qf, kf, vf, bas, rho, mu, pre, cnt, kvm, o, lse, layout.qchunks,
+            qf, kf, vf, bas, rho, tables, mu, pre, cnt, kvm, o, lse, layout.qchunks,
             heads, rho.shape[1], scale, R=rank, SEG=segments, **_pick(meta, _FWD_META), **LAUNCH["fwd"],
         )
-        ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm, segid)
+        ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, tables, mu, pre, cnt, kvm, segid)
         ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, scale, window, segments)
         rho_dtype = rho.dtype if rel_bias is None else rel_bias.dtype
         ctx.param_dtypes = (basis.dtype, rho_dtype, mem_bias.dtype, mem_bias.shape)
@@ -232,7 +262,7 @@ class _LavoChunkFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        qf, kf, vf, o, lse, bas, rho, mu, pre, cnt, kvm, segid = ctx.saved_tensors
+        qf, kf, vf, o, lse, bas, rho, tables, mu, pre, cnt, kvm, segid = ctx.saved_tensors
         layout, meta = ctx.layout, ctx.meta
         batch, n, m, heads, d, rank, scale, window, segments = ctx.dims
         dof = do.contiguous().view(-1, heads, d)
@@ -269,7 +299,7 @@ class _LavoChunkFn(torch.autograd.Function):
         dk = torch.empty_like(kf)
         dv = torch.empty_like(vf)
         lavo_dkv_kernel[(len(layout.kchunks), heads)](
-            qf, kf, vf, dof, lse, delta, rho, kvm, segid, layout.kchunks, dvl, suf, dq_mem, drho, dk, dv,
+            qf, kf, vf, dof, lse, delta, rho, tables, kvm, segid, layout.kchunks, dvl, suf, dq_mem, drho, dk, dv,
             heads, rho.shape[1], scale, TAIL=tail, SEG=segments, **_pick(meta, _DKV_META), **LAUNCH["dkv"],
         )
         dq = dq_mem.to(qf.dtype)  # the memory's dq (mem_bwd) plus the window's (dkv)
@@ -286,8 +316,8 @@ class _LavoChunkFn(torch.autograd.Function):
 
 
 # compile-time arguments of the forward and dkv kernels
-_FWD_META = ("D", "BD", "RB", "NRB", "C", "WINDOW", "NKB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
-_DKV_META = ("D", "BD", "C", "WINDOW", "NQB", "NS", "HALF", "HAS_MASK", "QMASK", "PREC")
+_FWD_META = ("D", "BD", "RB", "NRB", "C", "WINDOW", "NKB", "KB0", "NS", "HALF", "TABLE", "HAS_MASK", "QMASK", "PREC")
+_DKV_META = ("D", "BD", "C", "WINDOW", "NQB", "QB0", "LAST", "NS", "HALF", "TABLE", "HAS_MASK", "QMASK", "PREC")
 
 
 def _pick(meta, keys):

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .chunk_common import (
     chunk_cumsum, key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, row_ptrs, store_rows,
-    window_logits,
+    table_logits, window_logits,
 )
 
 
@@ -73,28 +73,35 @@ def _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R: tl.constexpr):
 
 @triton.jit
 def _store_value_grads(
-    WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, first, t, m, h, H,
+    WSUM, DVL, dvbar, cnt, cid, live, seg, kv_row0, first, t, m, h, H,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, PREC: tl.constexpr,
 ):
     """The memory's value gradient of a query chunk, dvbar [C, BD] (per query), spread
     over the memory sets: wv = dvbar / count; WSUM[chunk, seg] = sum of wv, and, causal,
-    DVL[j] = sum over the chunk's queries t >= j of wv[t] (keys j at the rows of t)."""
+    DVL[j] = sum over the chunk's queries t >= j of wv[t] (keys j at the rows of t).
+    Nothing is stored for a chunk that is not `live` (`_memory_bwd_rows`)."""
     dd = tl.arange(0, BD)
     wv = tl.where((cnt > 0)[:, None], dvbar / tl.maximum(cnt, 1.0)[:, None], 0.0)
-    tl.store(WSUM + ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), mask=dd < D)
+    tl.store(WSUM + ((cid * SEG + seg) * H + h).to(tl.int64) * D + dd, tl.sum(wv, 0), mask=(dd < D) & live)
     if not NS:
         store_rows(DVL, chunk_cumsum(wv, C, True, PREC), kv_row0, first, t < m, h, H, C, D, BD)
 
 
 @triton.jit
 def _memory_bwd_rows(
-    Q, DO, LSE, DELTA, KVM, CHUNKS, cid, h, H,
+    Q, DO, LSE, DELTA, KVM, CHUNKS, cid, live, h, H,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QMASK: tl.constexpr,
 ):
     """What both memory-backward kernels read of query chunk `cid`: its table row, the
     positions t (anchored tt), which of them carry a gradient (t_ok: a padded query has
-    no output, so none flows from it), and q, dO, lse, Delta of those rows."""
+    no output, so none flows from it), and q, dO, lse, Delta of those rows.
+
+    A chunk that is not `live` (a group's steps past the last chunk repeat it, so that
+    the loop over a group has no branch and its loads can be pipelined) is read as a
+    sequence of length 0: no row carries a gradient or is stored."""
     q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
+    n = tl.where(live, n, 0)
+    m = tl.where(live, m, 0)
     t = c * C + tl.arange(0, C)
     t_ok = t < n
     if QMASK:
@@ -135,34 +142,33 @@ def lavo_mem_bwd_kernel(
     db_acc = tl.zeros([RB, BD], tl.float32)
     dmu_acc = tl.zeros([BS], tl.float32)
     for i in range(GROUP):
-        cid = gid * GROUP + i
-        if cid < n_chunks:
-            q_row0, n, kv_row0, m, c, t, t_ok, tt, q, do, lse, delta = _memory_bwd_rows(
-                Q, DO, LSE, DELTA, KVM, CHUNKS, cid, h, H, D, BD, C, QMASK
+        live = gid * GROUP + i < n_chunks
+        cid = tl.minimum(gid * GROUP + i, n_chunks - 1)
+        q_row0, n, kv_row0, m, c, t, t_ok, tt, q, do, lse, delta = _memory_bwd_rows(
+            Q, DO, LSE, DELTA, KVM, CHUNKS, cid, live, h, H, D, BD, C, QMASK
+        )
+        g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
+        u = mem_dot(do, tl.trans(basis), DT, PREC)  # [C, RB]
+        dg = tl.zeros([C, RB], tl.float32)
+        for seg in range(SEG):
+            vbar, cnt = memory_mean(
+                V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK, PREC,
             )
-            g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
-            u = mem_dot(do, tl.trans(basis), DT, PREC)  # [C, RB]
-            dg = tl.zeros([C, RB], tl.float32)
-            for seg in range(SEG):
-                vbar, cnt = memory_mean(
-                    V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK,
-                    PREC,
-                )
-                hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, RB]
-                mu = tl.load(MU + h * SEG + seg)
-                pm, de, dg_seg, dh = _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R)
-                dmu_acc += tl.where(segs == seg, tl.sum(tl.sum(de, 1), 0), 0.0)
-                dg += dg_seg
-                db_acc += mem_dot(tl.trans(pm * hm), do, DT, PREC)
-                db_acc += mem_dot(tl.trans(dh), vbar, DT, PREC)
-                if SUMS:
-                    dvbar = mem_dot(dh, basis, DT, PREC)  # [C, BD]
-                    _store_value_grads(
-                        WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS, PREC
-                    )
+            hm = mem_dot(vbar, tl.trans(basis), DT, PREC)  # [C, RB]
+            mu = tl.load(MU + h * SEG + seg)
+            pm, de, dg_seg, dh = _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R)
+            dmu_acc += tl.where(segs == seg, tl.sum(tl.sum(de, 1), 0), 0.0)
+            dg += dg_seg
+            db_acc += mem_dot(tl.trans(pm * hm), do, DT, PREC)
+            db_acc += mem_dot(tl.trans(dh), vbar, DT, PREC)
             if SUMS:
-                store_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, c * C, t < n, h, H, C, D, BD)
-            db_acc += mem_dot(tl.trans(dg), q, DT, PREC)
+                dvbar = mem_dot(dh, basis, DT, PREC)  # [C, BD]
+                _store_value_grads(
+                    WSUM, DVL, dvbar, cnt, cid, live, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS, PREC
+                )
+        if SUMS:
+            store_rows(DQM, mem_dot(dg, basis, DT, PREC), q_row0, c * C, t < n, h, H, C, D, BD)
+        db_acc += mem_dot(tl.trans(dg), q, DT, PREC)
 
     db_offs = ((gid * H + h) * R + rr)[:, None].to(tl.int64) * D + dd[None, :]
     tl.store(DB_PART + db_offs, db_acc, mask=(rr < R)[:, None] & (dd < D)[None, :])
@@ -184,81 +190,167 @@ def lavo_mem_sums_kernel(
     gid = tl.program_id(0)
     h = tl.program_id(1)
     for i in range(GROUP):
-        cid = gid * GROUP + i
-        if cid < n_chunks:
-            q_row0, n, kv_row0, m, c, t, t_ok, tt, q, do, lse, delta = _memory_bwd_rows(
-                Q, DO, LSE, DELTA, KVM, CHUNKS, cid, h, H, D, BD, C, QMASK
+        live = gid * GROUP + i < n_chunks
+        cid = tl.minimum(gid * GROUP + i, n_chunks - 1)
+        q_row0, n, kv_row0, m, c, t, t_ok, tt, q, do, lse, delta = _memory_bwd_rows(
+            Q, DO, LSE, DELTA, KVM, CHUNKS, cid, live, h, H, D, BD, C, QMASK
+        )
+        dq = tl.zeros([C, BD], tl.float32)
+        for seg in range(SEG):
+            vbar, cnt = memory_mean(
+                V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK, PREC,
             )
-            dq = tl.zeros([C, BD], tl.float32)
-            for seg in range(SEG):
-                vbar, cnt = memory_mean(
-                    V, KVM, CNT, PRE, cid, seg, h, H, c * C, t, tt, t_ok, kv_row0, m, D, BD, C, SEG, NS, HAS_MASK,
-                    PREC,
-                )
-                mu = tl.load(MU + h * SEG + seg)
-                dvbar = tl.zeros([C, BD], tl.float32)
-                for rb in range(NRB):
-                    basis, rr = load_basis(BAS, h, rb * RB, R, D, RB, BD)  # [RB, BD]
-                    g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
-                    u = mem_dot(do, tl.trans(basis), DT, PREC)
-                    hm = mem_dot(vbar, tl.trans(basis), DT, PREC)
-                    pm, de, dg, dh = _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R)
-                    dq += mem_dot(dg, basis, DT, PREC)
-                    dvbar += mem_dot(dh, basis, DT, PREC)
-                _store_value_grads(WSUM, DVL, dvbar, cnt, cid, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS, PREC)
-            store_rows(DQM, dq, q_row0, c * C, t < n, h, H, C, D, BD)
+            mu = tl.load(MU + h * SEG + seg)
+            dvbar = tl.zeros([C, BD], tl.float32)
+            for rb in range(NRB):
+                basis, rr = load_basis(BAS, h, rb * RB, R, D, RB, BD)  # [RB, BD]
+                g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
+                u = mem_dot(do, tl.trans(basis), DT, PREC)
+                hm = mem_dot(vbar, tl.trans(basis), DT, PREC)
+                pm, de, dg, dh = _slot_grads(g, u, hm, lse, delta, mu, rr, t_ok, scale, R)
+                dq += mem_dot(dg, basis, DT, PREC)
+                dvbar += mem_dot(dh, basis, DT, PREC)
+            _store_value_grads(
+                WSUM, DVL, dvbar, cnt, cid, live, seg, kv_row0, c * C, t, m, h, H, D, BD, C, SEG, NS, PREC
+            )
+        store_rows(DQM, dq, q_row0, c * C, t < n, h, H, C, D, BD)
 
 
 @triton.jit
 def _dkv_tile(
     Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, t_from, t_to, q_row0, n, kv_row0, m, h, H, NB,
     scale,
-    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QB: tl.constexpr, WINDOW: tl.constexpr, NS: tl.constexpr,
-    HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QB: tl.constexpr, WINDOW: tl.constexpr, PREC: tl.constexpr,
 ):
-    """The window's scores of queries start..start+QB-1 (those in [t_from, t_to]) against
-    the keys j of chunk c: returns their dk (unscaled) and dv, and adds their dq and
-    drho into DQM and DRHO (fp32 atomics: other key chunks add to the same rows)."""
+    """Causal cross-attention: the window's scores of queries start..start+QB-1 (those in
+    [t_from, t_to]) against the keys j of chunk c: returns their dk (unscaled) and dv,
+    and adds their dq and drho into DQM and DRHO (fp32 atomics: other key chunks add to
+    the same rows)."""
     t = start + tl.arange(0, QB)
     t_ok = (t >= t_from) & (t <= t_to)
-    if QMASK:
-        t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
     tt = tl.minimum(t, m - 1)
     q = load_rows(Q, q_row0, start, t_ok, h, H, QB, D, BD)
     do = load_rows(DO, q_row0, start, t_ok, h, H, QB, D, BD)
     lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
     delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
-    s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)  # [t, j]
+    s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, tt, j, j_ok, scale, WINDOW, PREC)  # [t, j]
     p = tl.where(in_win & t_ok[:, None], tl.exp2(s - lse[:, None]), 0.0)
     dv = tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
     dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
     ds = p * (dp - delta[:, None])  # 0 outside the window and for queries not in [t_from, t_to]
     dk = tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
-    dq = tl.dot(ds.to(kb.dtype), kb, input_precision=PREC) * scale  # [C, BD]
+    dq = tl.dot(ds.to(kb.dtype), kb, input_precision=PREC) * scale  # [QB, BD]
     dd = tl.arange(0, BD)
     dq_ptrs = row_ptrs(DQM, q_row0, start, h, H, QB, BD, D)
     tl.atomic_add(dq_ptrs, dq, mask=t_ok[:, None] & (dd < D)[None, :], sem="relaxed")
-    if NS:
-        _bias_grad(DRHO, ds, h, NB, start - c * C + HALF, QB, C)
-    elif (start + QB - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
+    if (start + QB - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
         _bias_grad(DRHO, ds, h, NB, start - c * C, QB, C)
-    else:  # CC queries past the source share t' = m - 1: one add per score
+    else:  # queries past the source share t' = m - 1: one add per score
         tl.atomic_add(DRHO + h * NB + bias_idx, ds, mask=in_win & t_ok[:, None], sem="relaxed")
     return dk, dv
 
 
 @triton.jit
+def _dkv_table_tile(
+    Q, DO, LSE, DELTA, KVM, DQM, BT, kb, vb, j_ok, tile, r0, first, q_row0, n, kv_row0, m, h, H, scale,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QB: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
+):
+    """Self-attention: the window's scores of rows r0 .. r0+QB-1 of the query chunk that
+    starts at `first` against the keys of this program's chunk, whose bias tile is
+    BT[tile]. Returns their dk (unscaled), dv and ds [QB, C], and adds their dq into DQM
+    (fp32 atomics). A query with no gradient (outside the sequence, padding) gets
+    lse = +inf, so its p, and with it ds, is 0 without a mask over the scores."""
+    t = first + r0 + tl.arange(0, QB)
+    t_ok = (t >= 0) & (t < n)
+    if QMASK:
+        t_ok = t_ok & key_valid(KVM, kv_row0, t, m, True)
+    q = load_rows(Q, q_row0, first + r0, t_ok, h, H, QB, D, BD)
+    do = load_rows(DO, q_row0, first + r0, t_ok, h, H, QB, D, BD)
+    lse = tl.load(LSE + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=float("inf"))
+    delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
+    s = table_logits(q, kb, BT, tile, r0 + tl.arange(0, QB), j_ok, scale * 1.4426950408889634, C, PREC)  # [t, j]
+    p = tl.exp2(s - lse[:, None])
+    dv = tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
+    dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
+    ds = p * (dp - delta[:, None])
+    dk = tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+    dq = tl.dot(ds.to(kb.dtype), kb, input_precision=PREC) * scale  # [QB, BD]
+    dd = tl.arange(0, BD)
+    tl.atomic_add(row_ptrs(DQM, q_row0, first + r0, h, H, QB, BD, D), dq, mask=t_ok[:, None] & (dd < D)[None, :], sem="relaxed")
+    return dk, dv, ds
+
+
+@triton.jit
+def _diagonal_sums(z, r0, QB: tl.constexpr, C: tl.constexpr):
+    """For rows r0 .. r0+QB-1 of a [C, C] tile z whose entry (i, jj) belongs to diagonal
+    (i - jj) mod C: the sums of those rows' entries per diagonal [C]. The rows are
+    rotated by a gather (column (i - e) mod C of row i), so each diagonal is a column."""
+    i = r0 + tl.arange(0, QB)
+    e = tl.arange(0, C)
+    return tl.sum(tl.gather(z, (i[:, None] - e[None, :] + C) % C, 1), 0)
+
+
+@triton.jit
+def _dkv_table(
+    Q, DO, LSE, DELTA, KVM, DQM, BT, DRHO, kb, vb, j_ok, c, q_row0, n, kv_row0, m, h, H, NB, scale,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, NQB: tl.constexpr, QB0: tl.constexpr, HALF: tl.constexpr,
+    LAST: tl.constexpr, SPLIT: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
+):
+    """dk (unscaled) and dv of the window of key chunk c in self-attention, and its drho.
+
+    The queries come in the NQB chunks c - QB0 + b, as SPLIT tiles of QB rows each.
+    Query chunk b scores key (i, jj) at bias index (b - QB0) * C + HALF + i - jj, and
+    uses the forward's bias tile NQB - 1 - b. drho is not taken tile by tile: the
+    lower triangle (i >= jj) of chunk b and the strict upper triangle of chunk b + 1
+    together hold one index per diagonal mod C, (b - QB0) * C + HALF + (i - jj) mod C,
+    so each such pair takes one rotation and one column sum (ncu, H200: rotations, sums
+    and atomics per tile were ~20% of this kernel's stall samples). The upper triangle
+    of chunk 0 is outside every window, the lower one of the last chunk (LAST) inside
+    it only when the window ends on a chunk boundary."""
+    QB: tl.constexpr = C // SPLIT
+    NZ: tl.constexpr = triton.next_power_of_2(NQB)
+    zk = tl.arange(0, NZ)
+    e = tl.arange(0, C)
+    sums = tl.zeros([NZ, C], tl.float32)  # [pair, diagonal]
+    dk = tl.zeros([C, BD], tl.float32)
+    dv = tl.zeros([C, BD], tl.float32)
+    for part in tl.static_range(SPLIT):
+        r0 = part * QB
+        lower = (r0 + tl.arange(0, QB))[:, None] >= e[None, :]
+        prev = tl.zeros([QB, C], tl.float32)
+        for b in range(NQB):
+            dk_b, dv_b, ds = _dkv_table_tile(
+                Q, DO, LSE, DELTA, KVM, DQM, BT, kb, vb, j_ok, h * NQB + NQB - 1 - b, r0, (c - QB0 + b) * C, q_row0,
+                n, kv_row0, m, h, H, scale, D, BD, C, QB, QMASK, PREC,
+            )
+            dk += dk_b
+            dv += dv_b
+            if b > 0:
+                col = _diagonal_sums(tl.where(lower, prev, ds), r0, QB, C)
+                sums = tl.where((zk == b - 1)[:, None], sums + col[None, :], sums)
+            prev = ds
+        if LAST:
+            col = _diagonal_sums(tl.where(lower, prev, 0.0), r0, QB, C)
+            sums = tl.where((zk == NQB - 1)[:, None], sums + col[None, :], sums)
+    idx = (zk[:, None] - QB0) * C + HALF + e[None, :]
+    ok = (zk < NQB)[:, None] & (idx >= 0) & (idx < NB)
+    tl.atomic_add(DRHO + h * NB + idx, sums, mask=ok, sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
 def lavo_dkv_kernel(
-    Q, K, V, DO, LSE, DELTA, RHO, KVM, SEGID, CHUNKS, DVL, SUF, DQM, DRHO, DK, DV,
+    Q, K, V, DO, LSE, DELTA, RHO, BT, KVM, SEGID, CHUNKS, DVL, SUF, DQM, DRHO, DK, DV,
     H, NB, scale,
-    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NQB: tl.constexpr, TAIL: tl.constexpr,
-    SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr,
-    PREC: tl.constexpr, SPLIT: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NQB: tl.constexpr, QB0: tl.constexpr,
+    LAST: tl.constexpr, TAIL: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr,
+    TABLE: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """One program per (key chunk, head). The queries whose window holds these keys come
-    in NQB blocks of C from the chunk on; in CC with a target longer than the source, the
-    queries past the source (all anchored at m - 1) come in at most TAIL more. Each
-    block of C queries is taken as SPLIT tiles of C // SPLIT rows (fewer live registers)."""
+    in NQB blocks of C: in self-attention (TABLE) from chunk c - QB0 on (`_dkv_table`),
+    in CC from the chunk on, and, with a target longer than the source, the queries past
+    the source (all anchored at m - 1) in at most TAIL more. Each block of C queries is
+    taken as SPLIT tiles of C // SPLIT rows (fewer live registers)."""
     QB: tl.constexpr = C // SPLIT
     kid = tl.program_id(0)
     h = tl.program_id(1)
@@ -271,31 +363,32 @@ def lavo_dkv_kernel(
     dk = tl.zeros([C, BD], tl.float32)
     dv = tl.zeros([C, BD], tl.float32)
 
-    if NS:
-        lo = tl.maximum(c * C - HALF, 0)
-        hi = tl.minimum(c * C + C - 1 + HALF, n - 1)
-    else:
-        lo = c * C
-        hi = tl.minimum(c * C + C - 1 + WINDOW - 1, n - 1)
-    for b in range(NQB * SPLIT):
-        start = lo - lo % C + b * QB
-        dk_b, dv_b = _dkv_tile(
-            Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, 0, hi, q_row0, n, kv_row0, m, h, H,
-            NB, scale, D, BD, C, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
+    if TABLE:  # self-attention (CS, NS)
+        dk, dv = _dkv_table(
+            Q, DO, LSE, DELTA, KVM, DQM, BT, DRHO, kb, vb, j_ok, c, q_row0, n, kv_row0, m, h, H, NB, scale,
+            D, BD, C, NQB, QB0, HALF, LAST, SPLIT, QMASK, PREC,
         )
-        dk += dk_b
-        dv += dv_b
-    tail_from = tl.maximum(hi + 1, m)  # queries not seen above, anchored at m - 1
-    if c * C + C - 1 > m - 1 - WINDOW:  # some key of the chunk is in the last window
-        for b in range(TAIL * SPLIT):
-            start = tail_from - tail_from % C + b * QB
-            if start < n:
-                dk_b, dv_b = _dkv_tile(
-                    Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, tail_from, n - 1, q_row0, n,
-                    kv_row0, m, h, H, NB, scale, D, BD, C, QB, WINDOW, NS, HALF, HAS_MASK, QMASK, PREC,
-                )
-                dk += dk_b
-                dv += dv_b
+    else:  # causal cross-attention: queries past the source are anchored at m - 1
+        hi = tl.minimum(c * C + C - 1 + WINDOW - 1, n - 1)
+        for b in range(NQB * SPLIT):
+            start = c * C + b * QB
+            dk_b, dv_b = _dkv_tile(
+                Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, 0, hi, q_row0, n, kv_row0, m, h,
+                H, NB, scale, D, BD, C, QB, WINDOW, PREC,
+            )
+            dk += dk_b
+            dv += dv_b
+        tail_from = tl.maximum(hi + 1, m)  # queries not seen above, anchored at m - 1
+        if c * C + C - 1 > m - 1 - WINDOW:  # some key of the chunk is in the last window
+            for b in range(TAIL * SPLIT):
+                start = tail_from - tail_from % C + b * QB
+                if start < n:
+                    dk_b, dv_b = _dkv_tile(
+                        Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, tail_from, n - 1, q_row0,
+                        n, kv_row0, m, h, H, NB, scale, D, BD, C, QB, WINDOW, PREC,
+                    )
+                    dk += dk_b
+                    dv += dv_b
 
     if SEG == 1:
         dv += tl.load(SUF + (kid * H + h).to(tl.int64) * D + dd, mask=dd < D, other=0.0)[None, :]

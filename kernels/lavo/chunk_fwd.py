@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .chunk_common import (
-    key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, store_rows, window_logits,
+    key_valid, load_basis, load_chunk, load_rows, mem_dot, memory_mean, store_rows, table_logits, window_logits,
 )
 
 
@@ -41,11 +41,11 @@ def chunk_value_sums_kernel(
 
 @triton.jit
 def lavo_fwd_kernel(
-    Q, K, V, BAS, RHO, MU, PRE, CNT, KVM, O, LSE, CHUNKS,
+    Q, K, V, BAS, RHO, BT, MU, PRE, CNT, KVM, O, LSE, CHUNKS,
     H, NB, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
-    WINDOW: tl.constexpr, NKB: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr,
-    HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
+    WINDOW: tl.constexpr, NKB: tl.constexpr, KB0: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr,
+    HALF: tl.constexpr, TABLE: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
 ):
     cid = tl.program_id(0)
     h = tl.program_id(1)
@@ -79,18 +79,24 @@ def lavo_fwd_kernel(
             acc = acc * alpha[:, None] + mem_dot(pm * hm, basis, DT, PREC)  # [C, BD]
             m_i = m_new
 
-    # window: key blocks covering [lo, hi]
-    if NS:
-        lo = tl.maximum(c * C - HALF, 0)
+    # window: NKB key blocks from `first`. Self-attention (TABLE) takes the blocks
+    # c - KB0 .. whatever the chunk (blocks before the sequence hold no valid key), so
+    # that each block's bias tile is the same for every chunk; CC the blocks from that
+    # of the clamped window's first key
+    if TABLE:
+        first = c - KB0
     else:
-        lo = tl.maximum(tl.minimum(c * C, m - 1) - WINDOW + 1, 0)
+        first = tl.maximum(tl.minimum(c * C, m - 1) - WINDOW + 1, 0) // C
     for b in range(NKB):  # a fixed trip count; keys past the window are masked out
-        start = lo - lo % C + b * C
+        start = (first + b) * C
         j = start + tl.arange(0, C)
         j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
         kb = load_rows(K, kv_row0, start, j_ok, h, H, C, D, BD)
         vb = load_rows(V, kv_row0, start, j_ok, h, H, C, D, BD)
-        s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, t, tt, j, j_ok, scale, WINDOW, NS, HALF, PREC)
+        if TABLE:
+            s = table_logits(q, kb, BT, h * NKB + b, tl.arange(0, C), j_ok, scale * 1.4426950408889634, C, PREC)
+        else:
+            s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, tt, j, j_ok, scale, WINDOW, PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
