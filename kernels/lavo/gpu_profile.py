@@ -45,11 +45,12 @@ CHECK_TOL = 5e-3  # --variants: relative RMS error allowed against the fp32 PyTo
 # 0.06-0.07 ms slower than 1 and 2); DQ_GROUP 16 0.03 ms faster, within the noise
 VARIANTS = {  # in the order they run
     "default": {},
-    "dkv_split4": {"dkv.SPLIT": 4},  # 16-query tiles (ptxas: 52 B spills; SPLIT 2: 316 B)
-    "dkv_split4_stages2": {"dkv.SPLIT": 4, "dkv.num_stages": 2},  # in the 14:12 run's fastest combination
-    "dkv_stages2": {"dkv.num_stages": 2},
-    "fwd_stages3": {"fwd.num_stages": 3},
+    "dkv_stages2": {"dkv.num_stages": 2},  # the query tiles' loads pipelined (ptxas: 8 B spills)
+    "dkv_split1": {"dkv.SPLIT": 1},  # 64-query tiles: wgmma for all products (ptxas: 300 B spills)
+    "dkv_split1_stages2": {"dkv.SPLIT": 1, "dkv.num_stages": 2},
+    "mem_bwd_stages3": {"mem_bwd.num_stages": 3},
     "mem_bwd_group16": {"DQ_GROUP": 16},  # query chunks per memory-backward program (8)
+    "mem_bwd_group4": {"DQ_GROUP": 4},
 }
 
 
