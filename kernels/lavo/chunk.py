@@ -85,7 +85,8 @@ class _Layout:
     """Chunk tables of the query and key chunks and the per-sequence table of the
     cross-chunk sums.
 
-    Rows of a chunk table: (q_row0, n, kv_row0, m, c) int32. `qseq`: each query chunk's
+    Rows of a chunk table: (q_row0, n, kv_row0, m, c) int32; `qargs` / `kargs`: the
+arguments that name the query / key chunks to the kernels. `qseq`: each query chunk's
     sequence (an index into all sequences, empty ones too). `seqs`: per sequence, (first
     query chunk, query chunks, first key chunk, key chunks) int32, the table of
     chunk_scan.py; `longest`: the most chunks of one sequence, queries or keys."""
@@ -108,6 +109,12 @@ class _Layout:
         self.noncausal = noncausal
         self.longest = max((max(nqc, nkc) for _, nqc, _, nkc in spans), default=0)
         self.qseq = torch.tensor(qseq, dtype=torch.long, device=device)
+        # what the kernels take to name a chunk (chunk_common.load_chunk): the table and,
+        # for equal-length sequences (`batched`), the chunks per sequence and the lengths
+        self.batched = cu_seqlens is None
+        lengths = (n, m) if self.batched else (0, 0)
+        self.qargs = (self.qchunks, math.ceil(n / chunk) if self.batched else 0, *lengths)
+        self.kargs = (self.kchunks, math.ceil(m / chunk) if self.batched else 0, *lengths)
 
 
 @functools.lru_cache(maxsize=64)
@@ -243,15 +250,16 @@ class _LavoChunkFn(torch.autograd.Function):
 
         sums = torch.empty(len(layout.kchunks), segments, heads, d, dtype=torch.float32, device=q.device)
         chunk_value_sums_kernel[(len(layout.kchunks), heads)](
-            vf, kvm, segid, sums, layout.kchunks, heads, D=d, BD=meta["BD"], C=chunk, SEG=segments,
-            HAS_MASK=meta["HAS_MASK"],
+            vf, kvm, segid, sums, *layout.kargs, heads, D=d, BD=meta["BD"], C=chunk, SEG=segments,
+            HAS_MASK=meta["HAS_MASK"], BATCHED=layout.batched,
         )
         pre = _prefix_sums(sums, layout)  # [query chunks, S, H, d]
         o = torch.empty_like(qf)
         lse = torch.empty(qf.shape[0], heads, dtype=torch.float32, device=q.device)
         lavo_fwd_kernel[(len(layout.qchunks), heads)](
-            qf, kf, vf, bas, rho, tables, mu, pre, cnt, kvm, o, lse, layout.qchunks,
-            heads, rho.shape[1], scale, R=rank, SEG=segments, **_pick(meta, _FWD_META), **LAUNCH["fwd"],
+            qf, kf, vf, bas, rho, tables, mu, pre, cnt, kvm, o, lse, *layout.qargs,
+            heads, rho.shape[1], scale, R=rank, SEG=segments, BATCHED=layout.batched, **_pick(meta, _FWD_META),
+            **LAUNCH["fwd"],
         )
         ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, tables, mu, pre, cnt, kvm, segid)
         ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, scale, window, segments)
@@ -280,15 +288,15 @@ class _LavoChunkFn(torch.autograd.Function):
         dmu_part = torch.empty(groups, nrb, heads, segments, **f32)
         dvl = (torch.zeros if m > n else torch.empty)(vf.shape, **f32)
         wsum = torch.empty(nq, segments, heads, d, **f32)
-        common = _pick(meta, ("D", "BD", "RB", "NRB", "C", "NS", "HAS_MASK", "QMASK", "PREC"))
+        common = dict(_pick(meta, ("D", "BD", "RB", "NRB", "C", "NS", "HAS_MASK", "QMASK", "PREC")), BATCHED=layout.batched)
         lavo_mem_bwd_kernel[(groups, heads, nrb)](
-            qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, db_part, dmu_part, dvl, wsum,
+            qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, *layout.qargs, dq_mem, db_part, dmu_part, dvl, wsum,
             heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),
             **common, **LAUNCH["mem_bwd"],
         )
         if nrb > 1:  # the sums over the rank blocks: memory dq, value-gradient parts
             lavo_mem_sums_kernel[(groups, heads)](
-                qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, layout.qchunks, dq_mem, dvl, wsum,
+                qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, *layout.qargs, dq_mem, dvl, wsum,
                 heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, **common, **LAUNCH["mem_sums"],
             )
         drho = torch.zeros_like(rho)
@@ -299,8 +307,9 @@ class _LavoChunkFn(torch.autograd.Function):
         dk = torch.empty_like(kf)
         dv = torch.empty_like(vf)
         lavo_dkv_kernel[(len(layout.kchunks), heads)](
-            qf, kf, vf, dof, lse, delta, rho, tables, kvm, segid, layout.kchunks, dvl, suf, dq_mem, drho, dk, dv,
-            heads, rho.shape[1], scale, TAIL=tail, SEG=segments, **_pick(meta, _DKV_META), **LAUNCH["dkv"],
+            qf, kf, vf, dof, lse, delta, rho, tables, kvm, segid, *layout.kargs, dvl, suf, dq_mem, drho, dk, dv,
+            heads, rho.shape[1], scale, TAIL=tail, SEG=segments, BATCHED=layout.batched, **_pick(meta, _DKV_META),
+            **LAUNCH["dkv"],
         )
         dq = dq_mem.to(qf.dtype)  # the memory's dq (mem_bwd) plus the window's (dkv)
         basis_dtype, rho_dtype, mu_dtype, mu_shape = ctx.param_dtypes

@@ -89,8 +89,8 @@ def _store_value_grads(
 
 @triton.jit
 def _memory_bwd_rows(
-    Q, DO, LSE, DELTA, KVM, CHUNKS, cid, live, h, H,
-    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QMASK: tl.constexpr,
+    Q, DO, LSE, DELTA, KVM, CHUNKS, per_seq, n_len, m_len, cid, live, h, H,
+    D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, QMASK: tl.constexpr, BATCHED: tl.constexpr,
 ):
     """What both memory-backward kernels read of query chunk `cid`: its table row, the
     positions t (anchored tt), which of them carry a gradient (t_ok: a padded query has
@@ -99,7 +99,7 @@ def _memory_bwd_rows(
     A chunk that is not `live` (a group's steps past the last chunk repeat it, so that
     the loop over a group has no branch and its loads can be pipelined) is read as a
     sequence of length 0: no row carries a gradient or is stored."""
-    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
+    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid, per_seq, n_len, m_len, BATCHED)
     n = tl.where(live, n, 0)
     m = tl.where(live, m, 0)
     t = c * C + tl.arange(0, C)
@@ -116,12 +116,12 @@ def _memory_bwd_rows(
 
 @triton.jit
 def lavo_mem_bwd_kernel(
-    Q, V, DO, LSE, DELTA, BAS, MU, PRE, CNT, KVM, CHUNKS,
+    Q, V, DO, LSE, DELTA, BAS, MU, PRE, CNT, KVM, CHUNKS, per_seq, n_len, m_len,
     DQM, DB_PART, DMU_PART, DVL, WSUM,
     H, n_chunks, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
     GROUP: tl.constexpr, SEG: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr,
-    QMASK: tl.constexpr, PREC: tl.constexpr,
+    QMASK: tl.constexpr, PREC: tl.constexpr, BATCHED: tl.constexpr,
 ):
     """The memory's backward, one program per GROUP query chunks, head and block of RB
     basis rows: the group's dB rows and dmu partial sums (dmu per segment, BS >= SEG
@@ -145,7 +145,7 @@ def lavo_mem_bwd_kernel(
         live = gid * GROUP + i < n_chunks
         cid = tl.minimum(gid * GROUP + i, n_chunks - 1)
         q_row0, n, kv_row0, m, c, t, t_ok, tt, q, do, lse, delta = _memory_bwd_rows(
-            Q, DO, LSE, DELTA, KVM, CHUNKS, cid, live, h, H, D, BD, C, QMASK
+            Q, DO, LSE, DELTA, KVM, CHUNKS, per_seq, n_len, m_len, cid, live, h, H, D, BD, C, QMASK, BATCHED
         )
         g = mem_dot(q, tl.trans(basis), DT, PREC)  # [C, RB]
         u = mem_dot(do, tl.trans(basis), DT, PREC)  # [C, RB]
@@ -177,11 +177,11 @@ def lavo_mem_bwd_kernel(
 
 @triton.jit
 def lavo_mem_sums_kernel(
-    Q, V, DO, LSE, DELTA, BAS, MU, PRE, CNT, KVM, CHUNKS, DQM, DVL, WSUM,
+    Q, V, DO, LSE, DELTA, BAS, MU, PRE, CNT, KVM, CHUNKS, per_seq, n_len, m_len, DQM, DVL, WSUM,
     H, n_chunks, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
     GROUP: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, BATCHED: tl.constexpr,
 ):
     """With several rank blocks: the memory's dq (DQM) and value-gradient parts (DVL,
     WSUM), summed over the NRB blocks on chip; one program per GROUP query chunks and
@@ -193,7 +193,7 @@ def lavo_mem_sums_kernel(
         live = gid * GROUP + i < n_chunks
         cid = tl.minimum(gid * GROUP + i, n_chunks - 1)
         q_row0, n, kv_row0, m, c, t, t_ok, tt, q, do, lse, delta = _memory_bwd_rows(
-            Q, DO, LSE, DELTA, KVM, CHUNKS, cid, live, h, H, D, BD, C, QMASK
+            Q, DO, LSE, DELTA, KVM, CHUNKS, per_seq, n_len, m_len, cid, live, h, H, D, BD, C, QMASK, BATCHED
         )
         dq = tl.zeros([C, BD], tl.float32)
         for seg in range(SEG):
@@ -340,11 +340,12 @@ def _dkv_table(
 
 @triton.jit
 def lavo_dkv_kernel(
-    Q, K, V, DO, LSE, DELTA, RHO, BT, KVM, SEGID, CHUNKS, DVL, SUF, DQM, DRHO, DK, DV,
+    Q, K, V, DO, LSE, DELTA, RHO, BT, KVM, SEGID, CHUNKS, per_seq, n_len, m_len, DVL, SUF, DQM, DRHO, DK, DV,
     H, NB, scale,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, WINDOW: tl.constexpr, NQB: tl.constexpr, QB0: tl.constexpr,
     LAST: tl.constexpr, TAIL: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr,
-    TABLE: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr,
+    TABLE: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr, BATCHED: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     """One program per (key chunk, head). The queries whose window holds these keys come
     in NQB blocks of C: in self-attention (TABLE) from chunk c - QB0 on (`_dkv_table`),
@@ -354,7 +355,7 @@ def lavo_dkv_kernel(
     QB: tl.constexpr = C // SPLIT
     kid = tl.program_id(0)
     h = tl.program_id(1)
-    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, kid)
+    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, kid, per_seq, n_len, m_len, BATCHED)
     dd = tl.arange(0, BD)
     j = c * C + tl.arange(0, C)
     j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)

@@ -18,14 +18,15 @@ from .chunk_common import (
 
 @triton.jit
 def chunk_value_sums_kernel(
-    V, KVM, SEGID, SUMS, CHUNKS, H,
+    V, KVM, SEGID, SUMS, CHUNKS, per_seq, n_len, m_len, H,
     D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, SEG: tl.constexpr, HAS_MASK: tl.constexpr,
+    BATCHED: tl.constexpr,
 ):
     """SUMS[chunk, s, h] = fp32 sum of the valid values of a key chunk in segment s
     (SEGID: each key row's segment, read only when SEG > 1)."""
     cid = tl.program_id(0)
     h = tl.program_id(1)
-    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
+    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid, per_seq, n_len, m_len, BATCHED)
     j = c * C + tl.arange(0, C)
     j_ok = key_valid(KVM, kv_row0, j, m, HAS_MASK)
     vb = load_rows(V, kv_row0, c * C, j_ok, h, H, C, D, BD).to(tl.float32)
@@ -41,15 +42,16 @@ def chunk_value_sums_kernel(
 
 @triton.jit
 def lavo_fwd_kernel(
-    Q, K, V, BAS, RHO, BT, MU, PRE, CNT, KVM, O, LSE, CHUNKS,
+    Q, K, V, BAS, RHO, BT, MU, PRE, CNT, KVM, O, LSE, CHUNKS, per_seq, n_len, m_len,
     H, NB, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, C: tl.constexpr,
     WINDOW: tl.constexpr, NKB: tl.constexpr, KB0: tl.constexpr, SEG: tl.constexpr, NS: tl.constexpr,
     HALF: tl.constexpr, TABLE: tl.constexpr, HAS_MASK: tl.constexpr, QMASK: tl.constexpr, PREC: tl.constexpr,
+    BATCHED: tl.constexpr,
 ):
     cid = tl.program_id(0)
     h = tl.program_id(1)
-    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid)
+    q_row0, n, kv_row0, m, c = load_chunk(CHUNKS, cid, per_seq, n_len, m_len, BATCHED)
     t = c * C + tl.arange(0, C)
     t_ok = t < n
     tt = tl.minimum(t, m - 1)

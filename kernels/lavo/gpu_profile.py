@@ -38,19 +38,14 @@ VARIANTS_BUDGET_S = 110  # --variants: no new variant starts after this (compile
 CHECK_TOL = 5e-3  # --variants: relative RMS error allowed against the fp32 PyTorch path (ATTENTION.md section 4)
 # name -> settings: "kernel.option" patches chunk.LAUNCH[kernel][option], an upper-case
 # name the integer constant chunk.NAME; "default" patches nothing. The others are the
-# launch settings next to the defaults, to time again on them. On the defaults before
-# (H200, 2026-11-30 14:12): dkv SPLIT 4 alone 0.15 ms slower, but in the fastest
-# combination measured (with the Triton range sums and the triangular cumsum, now both
-# the only paths); dkv 2 stages and fwd 3 stages were the defaults (0.08-0.12 and
-# 0.06-0.07 ms slower than 1 and 2); DQ_GROUP 16 0.03 ms faster, within the noise
+# launch settings next to the defaults, timed on them before (H200, 2026-11-30 16:00;
+# chunk.py's LAUNCH comment has the numbers).
 VARIANTS = {  # in the order they run
     "default": {},
-    "dkv_stages2": {"dkv.num_stages": 2},  # the query tiles' loads pipelined (ptxas: 8 B spills)
-    "dkv_split1": {"dkv.SPLIT": 1},  # 64-query tiles: wgmma for all products (ptxas: 300 B spills)
-    "dkv_split1_stages2": {"dkv.SPLIT": 1, "dkv.num_stages": 2},
-    "mem_bwd_stages3": {"mem_bwd.num_stages": 3},
+    "dkv_stages1": {"dkv.num_stages": 1},  # without the query tiles' loads pipelined
+    "dkv_split1": {"dkv.SPLIT": 1},  # 64-query tiles: wgmma for all products (ptxas: 420 B spills at 2 stages)
+    "dkv_split1_stages1": {"dkv.SPLIT": 1, "dkv.num_stages": 1},
     "mem_bwd_group16": {"DQ_GROUP": 16},  # query chunks per memory-backward program (8)
-    "mem_bwd_group4": {"DQ_GROUP": 4},
 }
 
 
