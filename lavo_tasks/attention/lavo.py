@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 from torch import nn
-from torch.nn.utils.parametrizations import orthogonal
 
 from ..errors import ConfigError
 from ..kernels.lavo import (
@@ -46,8 +45,8 @@ BASIS_KINDS = ("learned", "fixed")
 class LavoState:
     """Decode state of `lavo`; its size does not grow with the target length.
 
-    `basis` [H, r, d] is evaluated once at init_state (the learned basis costs a matrix
-    exponential per evaluation, and decoding does not change it). CS: `memory` is the
+    `basis` [H, r, d] is evaluated once at init_state (the learned basis costs a solve per
+    evaluation, and decoding does not change it). CS: `memory` is the
     ring buffer + fp32 memory sum (`LavoDecodeState`). CC, NC: `source` is the context
     projected and summarised once (`LavoSource`). `position`: how many target positions
     came before the next call.
@@ -91,12 +90,7 @@ class LavoAttention(AttentionBlock):
         # The basis starts as the QR of a Gaussian drawn from the global RNG (seeded by the run).
         gaussian = torch.randn(n_heads, self.rank, self.head_dim)
         if cfg.basis == "learned":
-            # The Cayley map keeps the rows orthonormal whatever the optimiser does to the
-            # underlying parameter (the Householder map breaks under weight decay) in one
-            # batched solve; matrix_exp took ~100 small kernels and 3 host syncs per call on
-            # CUDA, which made the LM's training step host-bound (H200, 12 layers, 8K:
-            # 146 ms a step against 137 for softmax attention, whose kernels take 2.6x longer).
-            self.basis_map = orthogonal(_Basis(gaussian), orthogonal_map="cayley")
+            self.basis_map = CayleyBasis(gaussian)
         else:
             q, _ = torch.linalg.qr(gaussian.transpose(1, 2))  # [H, d, r], orthonormal columns
             self.register_buffer("fixed_basis", q.transpose(1, 2).contiguous())  # [H, r, d]
@@ -188,9 +182,38 @@ class LavoAttention(AttentionBlock):
         return torch.stack(outputs, dim=1), memory
 
 
-class _Basis(nn.Module):
-    """Holds the basis parameter [H, r, d] that the orthogonal parametrization maps."""
+class CayleyBasis(nn.Module):
+    """A learned basis [H, r, d] with orthonormal rows: the first r columns of
+    `base @ cayley(A)`, transposed, for A = L - L^T, L the strictly lower triangle of the
+    parameter `skew` [H, d, d] (zeros at the start, so the basis starts as `base`'s).
 
-    def __init__(self, init: torch.Tensor):
+    cayley(A) = (I - A/2)^-1 (I + A/2) is orthogonal for any skew-symmetric A, so the rows
+    stay orthonormal whatever the optimiser (weight decay included) does to `skew`. This
+    is the Cayley map of torch.nn.utils.parametrizations.orthogonal with its
+    trivialization (a fixed orthogonal `base` times a map of a free parameter); torch's
+    takes A from the first r columns' lower triangle, this one from the whole [d, d]
+    (the same when r = d), and solves with torch.linalg.solve_ex, which does not check for errors and so does not
+    synchronise the GPU with the host: I - A/2 is never singular (A's eigenvalues are
+    imaginary). torch's version calls torch.linalg.solve, which synchronises on every
+    call, 12 times a step in the LM; with it the LAVO LM's step was bound by the host
+    (H200, 8K: ~10 ms a step more than a fixed basis). matrix_exp, before it, took ~100
+    small kernels and 3 syncs a call.
+    """
+
+    def __init__(self, initial: torch.Tensor):
         super().__init__()
-        self.weight = nn.Parameter(init)
+        heads, rank, dim = initial.shape
+        self.rank = rank
+        # a square orthogonal matrix per head whose first r columns span initial's rows
+        base, _ = torch.linalg.qr(initial.transpose(1, 2), mode="complete")  # [H, d, d]
+        self.register_buffer("base", base)
+        self.skew = nn.Parameter(torch.zeros(heads, dim, dim))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """[H, r, d] with orthonormal rows."""
+        lower = self.skew.tril(-1)
+        half = 0.5 * (lower - lower.transpose(1, 2))  # A / 2, skew-symmetric
+        eye = torch.eye(half.shape[-1], dtype=half.dtype, device=half.device)
+        cayley, _ = torch.linalg.solve_ex(eye - half, eye + half)  # [H, d, d], orthogonal
+        return (self.base @ cayley)[:, :, : self.rank].transpose(1, 2)
