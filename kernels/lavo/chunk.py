@@ -35,7 +35,7 @@ LOG2E = 1.4426950408889634  # the kernels' logits are in log2 units
 # r=64, 65,536 tokens per step). 4 warps beat 8 by 1.5-1.7x at d=64 in all three kernels
 # and were within 6% at d=256; ptxas's own register count beat a cap of 168
 # (2026-11-30 12:45). With the bias tiles and the pipelined memory backward (2026-11-30
-# 16:00, fwd+bwd ms at T=1K / 8K): dkv query tiles of C/2 rows (SPLIT 2) with their
+# 15:20, fwd+bwd ms at T=1K / 8K): dkv query tiles of C/2 rows (SPLIT 2) with their
 # loads pipelined (2 stages) 2.803 / 2.794, at 1 stage 2.896 / 2.904, SPLIT 1 (64-row
 # tiles, all products on wgmma but 300 B of spills) 2.846 / 2.846 (2 stages: 2.905 /
 # 2.913); mem_bwd 3 stages 3.183 / 3.192; DQ_GROUP 16 or 4 within 0.02 ms; fwd 2 stages

@@ -38,7 +38,7 @@ VARIANTS_BUDGET_S = 110  # --variants: no new variant starts after this (compile
 CHECK_TOL = 5e-3  # --variants: relative RMS error allowed against the fp32 PyTorch path (ATTENTION.md section 4)
 # name -> settings: "kernel.option" patches chunk.LAUNCH[kernel][option], an upper-case
 # name the integer constant chunk.NAME; "default" patches nothing. The others are the
-# launch settings next to the defaults, timed on them before (H200, 2026-11-30 16:00;
+# launch settings next to the defaults, timed on them before (H200, 2026-11-30 15:20;
 # chunk.py's LAUNCH comment has the numbers).
 VARIANTS = {  # in the order they run
     "default": {},
