@@ -260,11 +260,17 @@ def test_chunk_range_sums_match_loops(monkeypatch):
             assert err <= 1e-6, f"suffix={suffix} total={total}: relative max error {err:.2e}"
 
 
-@pytest.mark.parametrize("pattern", ["CC target longer", "NS masked"])
-def test_dkv_query_tiles_of_a_quarter_chunk(monkeypatch, pattern):
-    # dkv SPLIT 4 (a gpu_profile variant; default 2): query tiles of C/4 rows, whose
-    # bias-gradient diagonals and tail tiles (queries past the source) differ from C/2
-    monkeypatch.setitem(chunk.LAUNCH["dkv"], "SPLIT", 4)
+@pytest.mark.parametrize("split", [1, 4])
+@pytest.mark.parametrize("pattern", ["CC target longer", "NS masked", "CS window on a chunk boundary"])
+def test_dkv_query_tiles_of_other_sizes(monkeypatch, pattern, split):
+    # dkv SPLIT 1 (a gpu_profile variant; default 2) and 4: query tiles of C or C/4 rows,
+    # whose bias-gradient diagonals (the pairs of triangles of `_dkv_table`, each tile's
+    # own in CC) and tail tiles (queries past the source) differ from C/2
+    monkeypatch.setitem(chunk.LAUNCH["dkv"], "SPLIT", split)
+    if pattern.startswith("CS"):  # w - 1 = 16 = C: the last query chunk's lower triangle is in the window
+        inputs = make_inputs(2, 50, 50, 2, 8, 4, 17, True, seed=split)
+        check_against_reference(small_chunks, inputs, **options(17))
+        return
     causal = pattern.startswith("CC")
     n, m, window = (45, 30, 6) if causal else (40, 40, 8)
     inputs = make_inputs(1, n, m, 2, 8, 4, window, causal, seed=n + m)
