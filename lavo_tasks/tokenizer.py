@@ -7,7 +7,8 @@
   if it has no end-of-document token among its special tokens, `<|endoftext|>` is added.
 
 Every tokenizer has the same small interface: `encode(str) -> list[int]`,
-`decode(list[int]) -> str`, `vocab_size`, `eos_id`. A trained or given tokenizer is
+`decode(list[int]) -> str`, `vocab_size`, `eos_id` (and, for a `tokenizers` file,
+`to_json()`). A trained or given tokenizer is
 saved as `<run.dir>/tokenizer.json` and loaded from there when that file exists, so
 evaluation, resumed runs and generation use exactly the tokenizer of training.
 """
@@ -72,6 +73,10 @@ class FileTokenizer:
 
     def save(self, path: Path) -> None:
         self._tok.save(str(path))
+
+    def to_json(self) -> str:
+        """The tokenizer as the `tokenizers` JSON it saves (what identifies it)."""
+        return self._tok.to_str()
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> FileTokenizer:

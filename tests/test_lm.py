@@ -1,6 +1,7 @@
 """The LM task: perplexity, corpus, data layouts, model causality / decoding / length, module."""
 
 import math
+import os
 
 import lightning as L
 import pytest
@@ -12,7 +13,7 @@ from lavo_tasks.config import compose, validate
 from lavo_tasks.corpus import SPLITS, stdlib_modules, stdlib_splits
 from lavo_tasks.errors import ConfigError, DataError
 from lavo_tasks.tasks import lm
-from lavo_tasks.tasks.lm.data import read_documents
+from lavo_tasks.tasks.lm.data import read_text, split_files
 from lavo_tasks.tasks.lm.metrics import Perplexity
 from lavo_tasks.tasks.lm.model import LanguageModel
 
@@ -87,6 +88,11 @@ def write(path, text: str | bytes):
     (path.write_bytes if isinstance(text, bytes) else path.write_text)(text)
 
 
+def read_all(path):
+    """Every split's documents, read with the data module's own layout and text readers."""
+    return {split: [read_text(file) for file in files] for split, files in split_files(path).items()}
+
+
 def byte_stream(*docs):
     ids = []
     for doc in docs:
@@ -100,7 +106,7 @@ def test_pg19_layout_reads_books_in_name_order(tmp_path):
     write(tmp_path / "train" / "notes.md", "not a book")
     write(tmp_path / "validation" / "v.txt", "valid")
     write(tmp_path / "test" / "t.txt", "test")
-    docs = read_documents(tmp_path)
+    docs = read_all(tmp_path)
     assert docs == {"train": ["first book", "second book é"], "validation": ["valid"], "test": ["test"]}
 
 
@@ -155,23 +161,58 @@ def test_train_batches_are_random_windows_that_follow_the_global_step(tmp_path):
     assert torch.equal(next(iter(dm.train_dataloader())), batches[3])
 
 
+def test_lm_splits_come_from_the_cache_and_later_runs_do_not_read_the_texts(tmp_path, monkeypatch):
+    corpus = small_corpus(tmp_path / "corpus")
+    cache = tmp_path / "shared_tokens"
+    first = lm.DataModule(tiny_cfg(tmp_path / "run1", "softmax", f"data.path={corpus}", f"data.token_cache={cache}"))
+    first.setup("fit")
+    assert sorted(p.name.split("-")[0] for p in cache.glob("*.bin")) == ["test", "train", "validation"]
+    assert first.streams["train"].tolist() == byte_stream((corpus / "train.txt").read_text())
+
+    def no_reading(path):
+        raise AssertionError(f"{path} was read although its tokens are cached")
+
+    monkeypatch.setattr(lm.data, "read_text", no_reading)
+    second = lm.DataModule(tiny_cfg(tmp_path / "run2", "softmax", f"data.path={corpus}", f"data.token_cache={cache}"))
+    second.setup("fit")
+    for split in ("train", "validation", "test"):
+        assert torch.equal(second.streams[split], first.streams[split])
+
+
+def test_lm_default_cache_is_in_the_run_folder_and_bad_text_names_the_file(tmp_path):
+    corpus = small_corpus(tmp_path / "corpus")
+    cfg = tiny_cfg(tmp_path, "softmax", f"data.path={corpus}")
+    lm.DataModule(cfg).setup("fit")
+    assert len(list((tmp_path / cfg.run.dir / "tokens").glob("*.bin"))) == 3
+    write(corpus / "test.txt", "caf\xe9 au lait".encode("latin-1"))
+    with pytest.raises(DataError, match=r"test.txt: not UTF-8 text \(invalid byte at offset 3\)"):
+        lm.DataModule(cfg).setup("fit")
+    assert not [name for name in os.listdir(tmp_path / cfg.run.dir / "tokens") if name.endswith(".tmp")]
+
+
+def test_a_token_cache_that_is_a_file_is_a_config_error(tmp_path):
+    write(tmp_path / "tokens.bin", "not a folder")
+    with pytest.raises(ConfigError, match=r"data.token_cache=.*tokens.bin: a file; it must name a folder"):
+        tiny_cfg(tmp_path, "softmax", f"data.token_cache={tmp_path / 'tokens.bin'}")
+
+
 def test_layout_errors_name_what_is_wrong(tmp_path):
     write(tmp_path / "train.txt", "only one file")
     with pytest.raises(DataError, match=r"expected folders train/ validation/ test/.*or files train.txt "
                                         r"valid.txt test.txt; found: train.txt"):
-        read_documents(tmp_path)
+        read_all(tmp_path)
     pg = tmp_path / "pg"
     for split in SPLITS:
         (pg / split).mkdir(parents=True)
     write(pg / "train" / "x.txt", "text")
     with pytest.raises(DataError, match=r"pg/validation: no .txt books"):
-        read_documents(pg)
+        read_all(pg)
     write(pg / "validation" / "v.txt", "ok")
     write(pg / "test" / "latin1.txt", "caf\xe9".encode("latin-1"))
     with pytest.raises(DataError, match=r"latin1.txt: not UTF-8 text \(invalid byte at offset 3\)"):
-        read_documents(pg)
+        read_all(pg)
     with pytest.raises(DataError, match=r"must be a folder"):
-        read_documents(tmp_path / "train.txt")
+        read_all(tmp_path / "train.txt")
     # the layout is checked with the configuration, before any work
     with pytest.raises(DataError, match=r"expected folders train/ validation/ test/"):
         tiny_cfg(tmp_path, "softmax", f"data.path={tmp_path}")

@@ -36,6 +36,8 @@ def check_config(cfg: DictConfig) -> None:
         if not ok:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)}: must be {allowed}")
     check_tokenizer_keys(cfg.data)
+    if cfg.data.token_cache and Path(cfg.data.token_cache).is_file():
+        raise ConfigError(f"data.token_cache={cfg.data.token_cache}: a file; it must name a folder (made if missing)")
     if cfg.data.path and Path(cfg.data.path).exists():  # a missing path: the runner's own error
         split_files(Path(cfg.data.path))  # the layout, before any work; files are read later
 

@@ -7,7 +7,10 @@ Layouts of `data.path` (a folder):
 `data.path: ""` reads the standard library's docstrings (lavo_tasks.corpus).
 
 Each split is one token stream: its documents encoded and joined, each followed by the
-end-of-document id. Training windows start anywhere (random starts drawn by
+end-of-document id, tokenized once into `data.token_cache` (default `<run.dir>/tokens`)
+and memory-mapped from there (lavo_tasks.token_cache: a split is not held in memory, and
+a run that points at the same folder with the same texts and tokenizer reuses it; the
+texts are read only to train a BPE or to tokenize). Training windows start anywhere (random starts drawn by
 StepBatchSampler, so a resumed run sees the same batches); validation and test read
 non-overlapping blocks. The test split is also read at 2x, 4x and 8x the training
 length, over the same tokens at every length, so the perplexities compare directly.
@@ -23,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from lavo_tasks.corpus import SPLITS, stdlib_splits
 from lavo_tasks.data import StepBatchSampler
 from lavo_tasks.errors import DataError
+from lavo_tasks.token_cache import cached_token_stream, file_source, text_source
 from lavo_tasks.tokenizer import build_tokenizer
 
 TEST_LENGTH_FACTORS = (1, 2, 4, 8)
@@ -57,18 +61,6 @@ def split_files(path: Path) -> dict[str, list[Path]]:
     )
 
 
-def read_documents(path: Path) -> dict[str, list[str]]:
-    """The documents of each split: one per file, in file-name order."""
-    return {split: [read_text(file) for file in files] for split, files in split_files(path).items()}
-
-
-def token_stream(tokenizer, documents: list[str]) -> torch.Tensor:
-    """[N] int32: every document's ids followed by the end-of-document id. The whole
-    split is held in memory (4 bytes a token)."""
-    parts = [torch.tensor(tokenizer.encode(doc) + [tokenizer.eos_id], dtype=torch.int32) for doc in documents]
-    return torch.cat(parts)
-
-
 class TokenWindows(Dataset):
     """Windows of `length + 1` tokens (inputs = [:-1], targets = [1:]) starting every
     `stride` tokens: stride 1 for training's random starts, `length` for test blocks."""
@@ -93,18 +85,29 @@ class LMDataModule(L.LightningDataModule):
         self.streams: dict[str, torch.Tensor] = {}
 
     def setup(self, stage: str) -> None:
-        """Read, tokenize (training the BPE if asked) and check every split, once."""
+        """Tokenize (training the BPE if asked) and check every split, once: the token
+        streams come memory-mapped from the cache, tokenized there first if need be."""
         if self.tokenizer is not None:
             return
         data = self.cfg.data
+        run_dir = Path(self.cfg.run.dir)
         if data.path:
-            documents = read_documents(Path(data.path))
+            files = split_files(Path(data.path))
+            splits = {
+                split: ([file_source(f) for f in paths], lambda paths=paths: map(read_text, paths), len(paths))
+                for split, paths in files.items()
+            }
             source = data.path
         else:
-            documents = {split: [m.text for m in modules] for split, modules in stdlib_splits().items()}
+            texts = {split: [m.text for m in modules] for split, modules in stdlib_splits().items()}
+            splits = {split: ([text_source(t)], lambda t=t: iter(t), len(t)) for split, t in texts.items()}
             source = "the standard-library corpus"
-        self.tokenizer = build_tokenizer(data, documents["train"], Path(self.cfg.run.dir))
-        self.streams = {split: token_stream(self.tokenizer, docs) for split, docs in documents.items()}
+        self.tokenizer = build_tokenizer(data, splits["train"][1](), run_dir)
+        cache = Path(data.token_cache) if data.token_cache else run_dir / "tokens"
+        self.streams = {
+            split: cached_token_stream(split, sources, documents, count, self.tokenizer, cache)
+            for split, (sources, documents, count) in splits.items()
+        }
 
         longest = max(TEST_LENGTH_FACTORS) * data.seq_len
         need = {"train": data.seq_len + 1, "validation": data.seq_len + 1, "test": longest + 1}

@@ -1,0 +1,120 @@
+"""Tokenized text splits on disk: tokenize once, then memory-map.
+
+`cached_token_stream` returns a split's token stream (every document's ids, each followed
+by the end-of-document id) as a 1-D integer tensor backed by a file that the OS pages in
+as it is read, so a split of billions of tokens (PG-19's training books) is neither held
+in memory nor tokenized again by a later run. The file is reused while its key matches:
+a hash of the tokenizer and of the sources (each file's resolved path, size and
+modification time, or, for texts that come from memory, the texts themselves).
+
+Layout of the cache folder, per split: `<name>-<key>.bin`, the ids as little-endian
+uint16 (vocabularies up to 65,536) or int32, and `<name>-<key>.json` (format, dtype,
+token count, tokenizer and sources), written last. Both are written to a temporary name
+and renamed, so a crash or several processes of one run writing at once never leave a
+partial file that a later run would read.
+"""
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+FORMAT = 1
+_UINT16_VOCAB = 1 << 16
+
+
+def file_source(path: Path) -> list:
+    """What identifies a text file's contents without reading it: resolved path, size and
+    modification time (ns)."""
+    stat = path.stat()
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+def text_source(texts: Iterable[str]) -> str:
+    """What identifies texts held in memory: the sha256 of their contents."""
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode("utf-8"))
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def tokenizer_id(tokenizer) -> str:
+    """A tokenizer's identity: its kind, and for a `tokenizers` file the sha256 of its JSON."""
+    to_json = getattr(tokenizer, "to_json", None)
+    if to_json is None:
+        return type(tokenizer).__name__
+    return f"{type(tokenizer).__name__}:{hashlib.sha256(to_json().encode('utf-8')).hexdigest()}"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype("<u2") if vocab_size <= _UINT16_VOCAB else np.dtype("<i4")
+
+
+def cached_token_stream(
+    name: str, sources: list, documents: Callable[[], Iterable[str]], count: int, tokenizer, folder: Path
+) -> torch.Tensor:
+    """Split `name`'s token stream [N] (uint16 or int32), memory-mapped from `folder`.
+
+    sources: what identifies the split's texts (`file_source` / `text_source` values);
+    documents: returns the texts in order (called only to tokenize, so files are read
+    only when the cache has no valid stream); count: how many there are (for the
+    progress bar)."""
+    dtype = token_dtype(tokenizer.vocab_size)
+    header = {"format": FORMAT, "dtype": dtype.str, "tokenizer": tokenizer_id(tokenizer), "sources": sources}
+    key = hashlib.sha256(json.dumps(header, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+    data, meta = folder / f"{name}-{key}.bin", folder / f"{name}-{key}.json"
+    tokens = _valid_count(data, meta, header, dtype)
+    if tokens is None:
+        folder.mkdir(parents=True, exist_ok=True)
+        tokens = _tokenize(documents(), count, tokenizer, dtype, data, f"tokenizing {name}")
+        _write_atomically(meta, json.dumps({**header, "tokens": tokens}, indent=1).encode("utf-8"))
+    return torch.from_file(str(data), shared=False, size=tokens, dtype=_TORCH_DTYPES[dtype.str])
+
+
+_TORCH_DTYPES = {"<u2": torch.uint16, "<i4": torch.int32}
+
+
+def _valid_count(data: Path, meta: Path, header: dict, dtype: np.dtype) -> int | None:
+    """The token count of a cached stream that matches `header` and whose file has the
+    size the count says; None if there is none."""
+    try:
+        saved = json.loads(meta.read_text(encoding="utf-8"))
+        size = data.stat().st_size
+    except (OSError, ValueError):
+        return None
+    tokens = saved.pop("tokens", None) if isinstance(saved, dict) else None
+    if saved != header or not isinstance(tokens, int) or tokens <= 0 or size != tokens * dtype.itemsize:
+        return None
+    return tokens
+
+
+def _tokenize(documents: Iterable[str], count: int, tokenizer, dtype: np.dtype, data: Path, desc: str) -> int:
+    """Encodes the documents into `data` (each followed by the end-of-document id) -> how
+    many tokens were written."""
+    tmp = data.with_name(f"{data.name}.{os.getpid()}.tmp")
+    tokens = 0
+    try:
+        with open(tmp, "wb") as f:
+            for text in tqdm(documents, total=count, desc=desc, unit="doc", disable=None, leave=False):
+                ids = np.asarray(tokenizer.encode(text) + [tokenizer.eos_id], dtype=dtype)
+                ids.tofile(f)
+                tokens += len(ids)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, data)
+    except BaseException:  # an unreadable text, an interrupt: no partial file stays behind
+        tmp.unlink(missing_ok=True)
+        raise
+    return tokens
+
+
+def _write_atomically(path: Path, payload: bytes) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(payload)
+    os.replace(tmp, path)
