@@ -1,22 +1,28 @@
 """Tokenized text splits on disk: tokenize once, then memory-map.
 
 `cached_token_stream` returns a split's token stream (every document's ids, each followed
-by the end-of-document id) as a 1-D integer tensor backed by a file that the OS pages in
-as it is read, so a split of billions of tokens (PG-19's training books) is neither held
-in memory nor tokenized again by a later run. The file is reused while its key matches:
-a hash of the tokenizer and of the sources (each file's resolved path, size and
-modification time, or, for texts that come from memory, the texts themselves).
+by the end-of-document id) as a `MappedStream`: a 1-D integer tensor backed by a file
+that the OS pages in as it is read, so a split of billions of tokens (PG-19's training
+books) is neither held in memory nor tokenized again by a later run. The file is reused
+while its key matches: a hash of the tokenizer (its JSON, vocabulary size and
+end-of-document id) and of the sources (each file's resolved path, inode, size,
+modification and change times, or, for texts that come from memory, the texts
+themselves). Bump FORMAT when what a source yields changes (how files are decoded, the
+layout of the stream).
 
 Layout of the cache folder, per split: `<name>-<key>.bin`, the ids as little-endian
 uint16 (vocabularies up to 65,536) or int32, and `<name>-<key>.json` (format, dtype,
-token count, tokenizer and sources), written last. Both are written to a temporary name
-and renamed, so a crash or several processes of one run writing at once never leave a
-partial file that a later run would read.
+token count, tokenizer and sources), written last. Both are written to a unique
+temporary file and renamed, so a crash, or several processes (of one machine or of
+several sharing the folder) writing at once, never leave a partial file that a reader
+would take; processes that miss the cache at the same time each tokenize. Streams of
+older keys are not deleted.
 """
 
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -29,10 +35,11 @@ _UINT16_VOCAB = 1 << 16
 
 
 def file_source(path: Path) -> list:
-    """What identifies a text file's contents without reading it: resolved path, size and
-    modification time (ns)."""
+    """What identifies a text file's contents without reading it: resolved path, inode,
+    size, modification and change times (ns; the change time cannot be set back, as
+    `cp -p` or `touch -r` set the modification time)."""
     stat = path.stat()
-    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+    return [str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
 
 
 def text_source(texts: Iterable[str]) -> str:
@@ -44,21 +51,61 @@ def text_source(texts: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
-def tokenizer_id(tokenizer) -> str:
-    """A tokenizer's identity: its kind, and for a `tokenizers` file the sha256 of its JSON."""
+def tokenizer_id(tokenizer) -> list:
+    """A tokenizer's identity: its kind, vocabulary size and end-of-document id, and for a
+    `tokenizers` file the sha256 of its JSON."""
     to_json = getattr(tokenizer, "to_json", None)
-    if to_json is None:
-        return type(tokenizer).__name__
-    return f"{type(tokenizer).__name__}:{hashlib.sha256(to_json().encode('utf-8')).hexdigest()}"
+    digest = hashlib.sha256(to_json().encode("utf-8")).hexdigest() if to_json is not None else None
+    return [type(tokenizer).__name__, tokenizer.vocab_size, tokenizer.eos_id, digest]
+
+
+_TORCH_DTYPES = {"<u2": torch.uint16, "<i4": torch.int32}
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= _UINT16_VOCAB else np.dtype("<i4")
 
 
+class MappedStream:
+    """Tokens [start, stop) of a cached stream file, mapped read-only on first use in each
+    process. It pickles as its file name and bounds, so DataLoader workers started by
+    spawn or forkserver map the file themselves (a file-mapped tensor cannot be sent
+    through PyTorch's shared-memory pickling: it fails, or copies the whole split).
+
+    Indexing (`stream[a:b]`) returns tensors of the file's dtype; `tensor` is the whole
+    range."""
+
+    def __init__(self, path: Path, dtype: str, start: int, stop: int):
+        self.path, self.dtype, self.start, self.stop = path, dtype, start, stop
+        self._tensor = None
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        if self._tensor is None:
+            whole = torch.from_file(str(self.path), shared=False, size=self.stop, dtype=_TORCH_DTYPES[self.dtype])
+            self._tensor = whole[self.start :]
+        return self._tensor
+
+    def head(self, n: int) -> "MappedStream":
+        """The first n tokens."""
+        return MappedStream(self.path, self.dtype, self.start, min(self.start + n, self.stop))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return self.tensor[index]
+
+    def tolist(self) -> list[int]:
+        return self.tensor.tolist()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tensor": None}
+
+
 def cached_token_stream(
     name: str, sources: list, documents: Callable[[], Iterable[str]], count: int, tokenizer, folder: Path
-) -> torch.Tensor:
+) -> MappedStream:
     """Split `name`'s token stream [N] (uint16 or int32), memory-mapped from `folder`.
 
     sources: what identifies the split's texts (`file_source` / `text_source` values);
@@ -74,10 +121,8 @@ def cached_token_stream(
         folder.mkdir(parents=True, exist_ok=True)
         tokens = _tokenize(documents(), count, tokenizer, dtype, data, f"tokenizing {name}")
         _write_atomically(meta, json.dumps({**header, "tokens": tokens}, indent=1).encode("utf-8"))
-    return torch.from_file(str(data), shared=False, size=tokens, dtype=_TORCH_DTYPES[dtype.str])
+    return MappedStream(data, dtype.str, 0, tokens)
 
-
-_TORCH_DTYPES = {"<u2": torch.uint16, "<i4": torch.int32}
 
 
 def _valid_count(data: Path, meta: Path, header: dict, dtype: np.dtype) -> int | None:
@@ -97,10 +142,11 @@ def _valid_count(data: Path, meta: Path, header: dict, dtype: np.dtype) -> int |
 def _tokenize(documents: Iterable[str], count: int, tokenizer, dtype: np.dtype, data: Path, desc: str) -> int:
     """Encodes the documents into `data` (each followed by the end-of-document id) -> how
     many tokens were written."""
-    tmp = data.with_name(f"{data.name}.{os.getpid()}.tmp")
+    fd, tmp = tempfile.mkstemp(prefix=f"{data.name}.", suffix=".tmp", dir=data.parent)
+    tmp = Path(tmp)
     tokens = 0
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             for text in tqdm(documents, total=count, desc=desc, unit="doc", disable=None, leave=False):
                 ids = np.asarray(tokenizer.encode(text) + [tokenizer.eos_id], dtype=dtype)
                 ids.tofile(f)
@@ -115,6 +161,12 @@ def _tokenize(documents: Iterable[str], count: int, tokenizer, dtype: np.dtype, 
 
 
 def _write_atomically(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(payload)
-    os.replace(tmp, path)
+    """path's contents become payload at once: a unique temporary file, renamed."""
+    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

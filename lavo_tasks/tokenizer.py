@@ -14,6 +14,7 @@ evaluation, resumed runs and generation use exactly the tokenizer of training.
 """
 
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -128,9 +129,15 @@ def build_tokenizer(data: DictConfig, train_texts: Iterable[str], run_dir: Path)
         except Exception as err:  # the library raises a bare Exception for a bad file
             raise ConfigError(f"data.tokenizer={data.tokenizer!r}: not a readable tokenizer.json ({err})") from None
     run_dir.mkdir(parents=True, exist_ok=True)
-    # write then rename: a crash never leaves half a file, and processes of one
-    # multi-GPU run that save the same tokenizer at once do not collide
-    tmp = saved.with_name(f"{TOKENIZER_FILE}.{os.getpid()}.tmp")
-    tok.save(tmp)
-    os.replace(tmp, saved)
+    # write a unique temporary file, then rename: a crash never leaves half a file, and
+    # processes of one multi-GPU run (on one machine or several) that save the same
+    # tokenizer at once do not collide
+    fd, tmp = tempfile.mkstemp(prefix=f"{TOKENIZER_FILE}.", suffix=".tmp", dir=run_dir)
+    os.close(fd)
+    try:
+        tok.save(Path(tmp))
+        os.replace(tmp, saved)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return tok

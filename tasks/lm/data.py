@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from lavo_tasks.corpus import SPLITS, stdlib_splits
 from lavo_tasks.data import StepBatchSampler
 from lavo_tasks.errors import DataError
-from lavo_tasks.token_cache import cached_token_stream, file_source, text_source
+from lavo_tasks.token_cache import MappedStream, cached_token_stream, file_source, text_source
 from lavo_tasks.tokenizer import build_tokenizer
 
 TEST_LENGTH_FACTORS = (1, 2, 4, 8)
@@ -65,7 +65,7 @@ class TokenWindows(Dataset):
     """Windows of `length + 1` tokens (inputs = [:-1], targets = [1:]) starting every
     `stride` tokens: stride 1 for training's random starts, `length` for test blocks."""
 
-    def __init__(self, tokens: torch.Tensor, length: int, stride: int):
+    def __init__(self, tokens: MappedStream, length: int, stride: int):
         self.tokens, self.length, self.stride = tokens, length, stride
         self.n = max((len(tokens) - length - 1) // stride + 1, 0)
 
@@ -82,7 +82,7 @@ class LMDataModule(L.LightningDataModule):
         super().__init__()
         self.cfg = cfg
         self.tokenizer = None
-        self.streams: dict[str, torch.Tensor] = {}
+        self.streams: dict[str, MappedStream] = {}
 
     def setup(self, stage: str) -> None:
         """Tokenize (training the BPE if asked) and check every split, once: the token
@@ -119,7 +119,7 @@ class LMDataModule(L.LightningDataModule):
                 )
         # the same test tokens at every length: a whole number of the longest blocks
         test = self.streams["test"]
-        self.streams["test"] = test[: (len(test) - 1) // longest * longest + 1]
+        self.streams["test"] = test.head((len(test) - 1) // longest * longest + 1)
 
     def train_dataloader(self) -> DataLoader:
         windows = TokenWindows(self.streams["train"], self.cfg.data.seq_len, stride=1)
