@@ -71,6 +71,19 @@ def test_learned_basis_stays_orthonormal_after_optimiser_steps():
     assert orthonormality_error(after) < 1e-6
 
 
+@pytest.mark.parametrize("rank", [4, 8])  # below the head dim 8, and equal to it
+def test_learned_basis_starts_as_the_fixed_one_and_stays_fp32_under_autocast(rank):
+    learned, fixed = make_block("CS", rank=rank).float(), make_block("CS", rank=rank, basis="fixed").float()
+    torch.testing.assert_close(learned.basis, fixed.basis)  # the same seeded Gaussian, its QR
+    # one parameter per entry of the strictly lower triangle of a [d, d] skew matrix, per head
+    assert [p.shape for p in learned.basis_map.parameters()] == [(HEADS, 8 * 7 // 2)]
+    with torch.no_grad():
+        learned.basis_map.skew.normal_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        basis = learned.basis
+    assert basis.dtype == torch.float32 and orthonormality_error(basis) < 1e-6
+
+
 def test_fixed_basis_is_an_orthonormal_buffer():
     block = make_block("CS", basis="fixed")
     names = [name for name, _ in block.named_parameters()]

@@ -184,20 +184,23 @@ class LavoAttention(AttentionBlock):
 
 class CayleyBasis(nn.Module):
     """A learned basis [H, r, d] with orthonormal rows: the first r columns of
-    `base @ cayley(A)`, transposed, for A = L - L^T, L the strictly lower triangle of the
-    parameter `skew` [H, d, d] (zeros at the start, so the basis starts as `base`'s).
+    `base @ cayley(A)`, transposed, for A = L - L^T, L the strictly lower triangle whose
+    d(d-1)/2 entries per head are the parameter `skew` [H, d(d-1)/2] (zeros at the start,
+    so the basis starts as `base`'s: the QR of the initial rows, as for `basis: fixed`).
 
     cayley(A) = (I - A/2)^-1 (I + A/2) is orthogonal for any skew-symmetric A, so the rows
     stay orthonormal whatever the optimiser (weight decay included) does to `skew`. This
     is the Cayley map of torch.nn.utils.parametrizations.orthogonal with its
     trivialization (a fixed orthogonal `base` times a map of a free parameter); torch's
     takes A from the first r columns' lower triangle, this one from the whole [d, d]
-    (the same when r = d), and solves with torch.linalg.solve_ex, which does not check for errors and so does not
-    synchronise the GPU with the host: I - A/2 is never singular (A's eigenvalues are
-    imaginary). torch's version calls torch.linalg.solve, which synchronises on every
-    call, 12 times a step in the LM; with it the LAVO LM's step was bound by the host
-    (H200, 8K: ~10 ms a step more than a fixed basis). matrix_exp, before it, took ~100
-    small kernels and 3 syncs a call.
+    (the same when r = d), and solves with torch.linalg.solve_ex, which does not check
+    for errors and so does not synchronise the GPU with the host: I - A/2 is never
+    singular (A's eigenvalues are imaginary). torch's version calls torch.linalg.solve,
+    which synchronises on every call, 12 times a step in the LM; with it the LAVO LM's
+    step was bound by the host (H200, 8K: ~10 ms a step more than a fixed basis).
+    matrix_exp, before it, took ~100 small kernels and 3 syncs a call. The map runs in
+    fp32 also under autocast, so training and decoding (which evaluates it once, at
+    `init_state`) see the same basis.
     """
 
     def __init__(self, initial: torch.Tensor):
@@ -207,13 +210,17 @@ class CayleyBasis(nn.Module):
         # a square orthogonal matrix per head whose first r columns span initial's rows
         base, _ = torch.linalg.qr(initial.transpose(1, 2), mode="complete")  # [H, d, d]
         self.register_buffer("base", base)
-        self.skew = nn.Parameter(torch.zeros(heads, dim, dim))
+        rows, cols = torch.tril_indices(dim, dim, -1)
+        self.register_buffer("lower_index", rows * dim + cols, persistent=False)  # into a flat [d * d]
+        self.skew = nn.Parameter(initial.new_zeros(heads, len(rows)))
 
     @property
     def weight(self) -> torch.Tensor:
         """[H, r, d] with orthonormal rows."""
-        lower = self.skew.tril(-1)
-        half = 0.5 * (lower - lower.transpose(1, 2))  # A / 2, skew-symmetric
-        eye = torch.eye(half.shape[-1], dtype=half.dtype, device=half.device)
-        cayley, _ = torch.linalg.solve_ex(eye - half, eye + half)  # [H, d, d], orthogonal
-        return (self.base @ cayley)[:, :, : self.rank].transpose(1, 2)
+        with torch.autocast(self.base.device.type, enabled=False):
+            heads, dim = self.base.shape[:2]
+            lower = self.skew.new_zeros(heads, dim * dim).index_copy(1, self.lower_index, self.skew).view(heads, dim, dim)
+            half = 0.5 * (lower - lower.transpose(1, 2))  # A / 2, skew-symmetric
+            eye = torch.eye(dim, dtype=half.dtype, device=half.device)
+            cayley, _ = torch.linalg.solve_ex(eye - half, eye + half)  # [H, d, d], orthogonal
+            return (self.base @ cayley)[:, :, : self.rank].transpose(1, 2)
