@@ -226,16 +226,19 @@ def test_bf16_dot_precision_families(monkeypatch, slots_prec, values_prec):
         assert error <= 1e-2, f"{name}: relative RMS error {error:.2e}"
 
 
-@pytest.mark.parametrize("dtype,d,tol", [(torch.float32, 20, 1e-5), (torch.float32, 64, 1e-5), (torch.bfloat16, 64, 2e-2)])
-def test_fused_silu_rms_norm(dtype, d, tol):
+@pytest.mark.parametrize(
+    "dtype,d,eps,tol",
+    [(torch.float32, 20, 1e-6, 1e-5), (torch.float32, 64, 1e-6, 1e-5), (torch.bfloat16, 64, 1e-6, 2e-2),
+     (torch.float32, 64, 0.5, 1e-5)],  # an eps comparable to mean(a^2): a wrong eps would show
+)
+def test_fused_silu_rms_norm(dtype, d, eps, tol):
     """The GSA layer's output norm on Triton against the float64 formula (autograd of
     elementary ops): output, input and weight gradients; 150 rows (three programs, the
-    last partial), an odd head dim padded inside."""
+    last partial), an odd head dim padded inside, a non-contiguous input."""
     g = torch.Generator().manual_seed(30)
-    x = (torch.randn(3, 50, d, generator=g) * 2).to(dtype).requires_grad_()
+    x = (torch.randn(3, 2 * d, 50, generator=g) * 2).to(dtype).transpose(1, 2)[..., ::2].requires_grad_()
     w = (1 + 0.1 * torch.randn(d, generator=g)).requires_grad_()
     dy = torch.randn(3, 50, d, generator=g).to(dtype)
-    eps = 1e-6
     y = silu_rms_norm(x, w, eps, use_triton=True)
     y.backward(dy)
     x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()

@@ -12,6 +12,7 @@ Forward and backward accumulate in fp32; y and dx are in x's dtype, dweight in w
 
 import torch
 import triton
+from torch.autograd.function import once_differentiable
 import triton.language as tl
 
 ROWS = 64  # rows per program
@@ -74,6 +75,7 @@ class _SiluRmsNorm(torch.autograd.Function):
         return y.view(shape)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
         rows, d = x2.shape
