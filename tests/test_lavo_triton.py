@@ -120,13 +120,41 @@ def test_noncausal_self(masked, window):
 
 
 @pytest.mark.parametrize(
-    "n, m, masked, window", [(45, 30, False, 6), (20, 45, True, 6), (70, 9, False, 6), (60, 43, False, 17)]
+    "causal, window, bounds, masked",
+    [(False, 34, [0, 5, 29, 30, 70], False), (False, 34, [0, 5, 29, 30, 70], True),
+     (True, 20, [0, 0, 33, 33, 80], True), (False, 8, [0, 0, 33, 33, 80], False)],
 )
-def test_causal_cross(n, m, masked, window):
+def test_packed_sequences_in_self_attention_window_tables(causal, window, bounds, masked):
+    # the bias-tile path with sequences that start inside a chunk (NS query chunks before a
+    # sequence's start), a one-token sequence and empty ones
+    n = bounds[-1]
+    inputs = make_inputs(1, n, n, 2, 8, 4, window, causal, seed=n + window)
+    mask = random_mask(1, n, seed=window, keep_first=True) if masked else None
+    cu_seqlens = torch.tensor(bounds, dtype=torch.int32)
+    check_against_reference(
+        small_chunks, inputs, **options(window, causal=causal, kv_mask=mask, cu_seqlens=cu_seqlens)
+    )
+
+
+@pytest.mark.parametrize("causal, window, n", [(False, 66, 60), (True, 200, 70)])
+def test_windows_past_two_chunks_and_past_the_sequence(causal, window, n):
+    # NS with HALF = 33 > 2 chunks (KB0 = 3); CS with a window longer than the sequence
+    inputs = make_inputs(2, n, n, 2, 8, 4, window, causal, seed=window)
+    mask = random_mask(2, n, seed=n, keep_first=True)
+    check_against_reference(small_chunks, inputs, **options(window, causal=causal, kv_mask=mask))
+
+
+@pytest.mark.parametrize(
+    "batch, n, m, masked, window",
+    [(1, 45, 30, False, 6), (1, 20, 45, True, 6), (1, 70, 9, False, 6), (1, 60, 43, False, 17), (2, 45, 30, False, 6),
+     (2, 20, 45, True, 6)],
+)
+def test_causal_cross(batch, n, m, masked, window):
     # target longer than the source: queries past it are anchored at the last position
-    # (w = 17: the last window, keys 26..42, is not aligned to the chunks)
-    inputs = make_inputs(1, n, m, 2, 8, 4, window, True, seed=n + m)
-    mask = random_mask(1, m, seed=n, keep_first=False) if masked else None
+    # (w = 17: the last window, keys 26..42, is not aligned to the chunks); batch 2:
+    # query and key rows of the second sequence start at different offsets
+    inputs = make_inputs(batch, n, m, 2, 8, 4, window, True, seed=n + m)
+    mask = random_mask(batch, m, seed=n, keep_first=False) if masked else None
     check_against_reference(small_chunks, inputs, **options(window, cross=True, kv_mask=mask))
 
 

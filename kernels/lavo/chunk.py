@@ -72,6 +72,8 @@ def lavo_chunked(
         raise NotImplementedError(
             f"head dim {q.shape[-1]}: the LAVO Triton kernels take head dims up to {MAX_HEAD_DIM}; use backend='torch'"
         )
+    if q.is_cuda and chunk // LAUNCH["dkv"]["SPLIT"] < 16:  # Triton's products take K >= 16 when compiled
+        raise ValueError(f"chunk {chunk} in dkv query tiles of {chunk // LAUNCH['dkv']['SPLIT']} rows: at least 16 on a GPU")
     if q.shape[0] * q.shape[1] == 0:
         return torch.zeros_like(q)
     k, v = k.to(q.dtype), v.to(q.dtype)  # the kernels read q, k, v as one dtype
@@ -86,7 +88,7 @@ class _Layout:
     cross-chunk sums.
 
     Rows of a chunk table: (q_row0, n, kv_row0, m, c) int32; `qargs` / `kargs`: the
-arguments that name the query / key chunks to the kernels. `qseq`: each query chunk's
+    arguments that name the query / key chunks to the kernels. `qseq`: each query chunk's
     sequence (an index into all sequences, empty ones too). `seqs`: per sequence, (first
     query chunk, query chunks, first key chunk, key chunks) int32, the table of
     chunk_scan.py; `longest`: the most chunks of one sequence, queries or keys."""
@@ -173,12 +175,12 @@ def _compile_args(q, rank, chunk, noncausal, window, kv_mask, cross):
     rank_block = min(max(16, triton.next_power_of_2(rank)), RANK_BLOCK)
     half = window // 2 if noncausal else 0
     # key blocks a query chunk's windows touch (NKB) and query blocks a key chunk's keys
-    # are seen by (NQB); CC chunks past the source see the last w keys, which touch
-    # at most as many blocks as an aligned causal window
-    # at the same counts; self-attention: KB0 of a query chunk's key blocks come before
-    # it, the key chunk's queries start QB0 chunks before it (0 causal), and the lower
-    # triangle of its last query chunk lies in the window (LAST) only when the window
-    # ends on a chunk boundary (kernels chunk_bwd._dkv_table)
+    # are seen by (NQB), the same count; CC chunks past the source see the last w keys,
+    # which touch at most as many blocks as an aligned causal window. Self-attention: KB0
+    # of a query chunk's key blocks come before it, the key chunk's queries start QB0
+    # chunks before it (0 causal), and the lower triangle of its last query chunk lies in
+    # the window (LAST) exactly when (w - 1) % C == 0 (causal) or HALF % C == 0
+    # (noncausal) (chunk_bwd._dkv_table)
     if noncausal:
         kb0 = -(-half // chunk)
         nkb = nqb = 0 if cross else 2 * kb0 + 1
@@ -189,6 +191,7 @@ def _compile_args(q, rank, chunk, noncausal, window, kv_mask, cross):
         nqb = (window + chunk - 2) // chunk + 1
         qb0 = 0
     bias_entries = window + 1 if noncausal else window
+    assert nqb == nkb, (nqb, nkb)  # dkv's query chunk b uses the forward's bias tile NKB - 1 - b
     return dict(
         D=d, BD=max(16, triton.next_power_of_2(d)), RB=rank_block, NRB=-(-rank // rank_block), C=chunk, WINDOW=window,
         NS=noncausal, HALF=half, NKB=nkb, NQB=nqb, KB0=kb0, QB0=qb0, LAST=(nqb - 1 - qb0) * chunk + half < bias_entries,

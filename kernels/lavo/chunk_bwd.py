@@ -306,7 +306,7 @@ def _dkv_table(
     so each such pair takes one rotation and one column sum (ncu, H200: rotations, sums
     and atomics per tile were ~20% of this kernel's stall samples). The upper triangle
     of chunk 0 is outside every window, the lower one of the last chunk (LAST) inside
-    it only when the window ends on a chunk boundary."""
+    it exactly when (w - 1) % C == 0 (causal) or HALF % C == 0 (noncausal)."""
     QB: tl.constexpr = C // SPLIT
     NZ: tl.constexpr = triton.next_power_of_2(NQB)
     zk = tl.arange(0, NZ)
