@@ -24,25 +24,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import tasks
 from .errors import ConfigError
+from .files import write_atomically
 
 # Shared by the processes of one run: Lightning's DDP launcher starts the other ranks by
 # running the same command again, and they must agree on the default run.dir.
 RUN_STAMP_ENV = "LAVO_TASKS_RUN_STAMP"
 MONITOR = "val_loss"  # every task logs it in validation; best.ckpt minimises it
-
-
-def write_atomically(path: Path, write) -> None:
-    """Call `write(file)` on a temporary file next to `path`, then rename it to `path`:
-    a crash leaves either the old file or the new one, never a truncated one."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -12,23 +12,23 @@ layout of the stream).
 
 Layout of the cache folder, per split: `<name>-<key>.bin`, the ids as little-endian
 uint16 (vocabularies up to 65,536) or int32, and `<name>-<key>.json` (format, dtype,
-token count, tokenizer and sources), written last. Both are written to a unique
-temporary file and renamed, so a crash, or several processes (of one machine or of
-several sharing the folder) writing at once, never leave a partial file that a reader
-would take; processes that miss the cache at the same time each tokenize. Streams of
+token count, tokenizer and sources), written last. Both go through
+`files.write_atomically`, so a crash, or several processes (of one machine or of several
+sharing the folder) writing at once, never leave a partial file that a reader would
+take; processes that miss the cache at the same time each tokenize. Streams of
 older keys are not deleted.
 """
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
+
+from .files import write_atomically
 
 FORMAT = 1
 _UINT16_VOCAB = 1 << 16
@@ -120,9 +120,9 @@ def cached_token_stream(
     if tokens is None:
         folder.mkdir(parents=True, exist_ok=True)
         tokens = _tokenize(documents(), count, tokenizer, dtype, data, f"tokenizing {name}")
-        _write_atomically(meta, json.dumps({**header, "tokens": tokens}, indent=1).encode("utf-8"))
+        payload = json.dumps({**header, "tokens": tokens}, indent=1).encode("utf-8")
+        write_atomically(meta, lambda f: f.write(payload))
     return MappedStream(data, dtype.str, 0, tokens)
-
 
 
 def _valid_count(data: Path, meta: Path, header: dict, dtype: np.dtype) -> int | None:
@@ -142,31 +142,14 @@ def _valid_count(data: Path, meta: Path, header: dict, dtype: np.dtype) -> int |
 def _tokenize(documents: Iterable[str], count: int, tokenizer, dtype: np.dtype, data: Path, desc: str) -> int:
     """Encodes the documents into `data` (each followed by the end-of-document id) -> how
     many tokens were written."""
-    fd, tmp = tempfile.mkstemp(prefix=f"{data.name}.", suffix=".tmp", dir=data.parent)
-    tmp = Path(tmp)
     tokens = 0
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for text in tqdm(documents, total=count, desc=desc, unit="doc", disable=None, leave=False):
-                ids = np.asarray(tokenizer.encode(text) + [tokenizer.eos_id], dtype=dtype)
-                ids.tofile(f)
-                tokens += len(ids)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, data)
-    except BaseException:  # an unreadable text, an interrupt: no partial file stays behind
-        tmp.unlink(missing_ok=True)
-        raise
+
+    def write(f):
+        nonlocal tokens
+        for text in tqdm(documents, total=count, desc=desc, unit="doc", disable=None, leave=False):
+            ids = np.asarray(tokenizer.encode(text) + [tokenizer.eos_id], dtype=dtype)
+            ids.tofile(f)
+            tokens += len(ids)
+
+    write_atomically(data, write)  # an unreadable text or an interrupt leaves no file behind
     return tokens
-
-
-def _write_atomically(path: Path, payload: bytes) -> None:
-    """path's contents become payload at once: a unique temporary file, renamed."""
-    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -8,13 +8,11 @@
 
 Every tokenizer has the same small interface: `encode(str) -> list[int]`,
 `decode(list[int]) -> str`, `vocab_size`, `eos_id` (and, for a `tokenizers` file,
-`to_json()`). A trained or given tokenizer is
-saved as `<run.dir>/tokenizer.json` and loaded from there when that file exists, so
-evaluation, resumed runs and generation use exactly the tokenizer of training.
+`to_json()`). A trained or given tokenizer is saved as `<run.dir>/tokenizer.json` and
+loaded from there when that file exists, so evaluation, resumed runs and generation use
+exactly the tokenizer of training.
 """
 
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from omegaconf import DictConfig
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from .errors import ConfigError
+from .files import write_atomically
 
 EOS_TOKEN = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
@@ -71,9 +70,6 @@ class FileTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
-
-    def save(self, path: Path) -> None:
-        self._tok.save(str(path))
 
     def to_json(self) -> str:
         """The tokenizer as the `tokenizers` JSON it saves (what identifies it)."""
@@ -129,15 +125,7 @@ def build_tokenizer(data: DictConfig, train_texts: Iterable[str], run_dir: Path)
         except Exception as err:  # the library raises a bare Exception for a bad file
             raise ConfigError(f"data.tokenizer={data.tokenizer!r}: not a readable tokenizer.json ({err})") from None
     run_dir.mkdir(parents=True, exist_ok=True)
-    # write a unique temporary file, then rename: a crash never leaves half a file, and
-    # processes of one multi-GPU run (on one machine or several) that save the same
-    # tokenizer at once do not collide
-    fd, tmp = tempfile.mkstemp(prefix=f"{TOKENIZER_FILE}.", suffix=".tmp", dir=run_dir)
-    os.close(fd)
-    try:
-        tok.save(Path(tmp))
-        os.replace(tmp, saved)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # processes of one multi-GPU run may save the same tokenizer at once
+    payload = tok.to_json().encode("utf-8")
+    write_atomically(saved, lambda f: f.write(payload))
     return tok

@@ -12,8 +12,8 @@ Forward and backward accumulate in fp32; y and dx are in x's dtype, dweight in w
 
 import torch
 import triton
-from torch.autograd.function import once_differentiable
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 ROWS = 64  # rows per program
 MAX_DIM = 256

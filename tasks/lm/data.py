@@ -10,8 +10,9 @@ Each split is one token stream: its documents encoded and joined, each followed 
 end-of-document id, tokenized once into `data.token_cache` (default `<run.dir>/tokens`)
 and memory-mapped from there (lavo_tasks.token_cache: a split is not held in memory, and
 a run that points at the same folder with the same texts and tokenizer reuses it; the
-texts are read only to train a BPE or to tokenize). Training windows start anywhere (random starts drawn by
-StepBatchSampler, so a resumed run sees the same batches); validation and test read
+texts are read only to train a BPE or to tokenize). Training windows start anywhere
+(random starts drawn by StepBatchSampler, so a resumed run sees the same batches);
+validation and test read
 non-overlapping blocks. The test split is also read at 2x, 4x and 8x the training
 length, over the same tokens at every length, so the perplexities compare directly.
 """
