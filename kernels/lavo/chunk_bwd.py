@@ -217,6 +217,26 @@ def lavo_mem_sums_kernel(
 
 
 @triton.jit
+def _score_grads(
+    p, q, do, delta, kb, vb, DQM, q_row0, first, t_ok, h, H, scale,
+    D: tl.constexpr, BD: tl.constexpr, QB: tl.constexpr, PREC: tl.constexpr,
+):
+    """From the window's probabilities p [QB, C] of query rows first .. first+QB-1 (0
+    where a score does not count) against one key block: their dk (unscaled), dv and ds
+    [QB, C]; their dq is added into DQM (fp32 atomics: other key chunks add to the same
+    rows)."""
+    dv = tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
+    dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
+    ds = p * (dp - delta[:, None])
+    dk = tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+    dq = tl.dot(ds.to(kb.dtype), kb, input_precision=PREC) * scale  # [QB, BD]
+    dd = tl.arange(0, BD)
+    dq_ptrs = row_ptrs(DQM, q_row0, first, h, H, QB, BD, D)
+    tl.atomic_add(dq_ptrs, dq, mask=t_ok[:, None] & (dd < D)[None, :], sem="relaxed")
+    return dk, dv, ds
+
+
+@triton.jit
 def _dkv_tile(
     Q, DO, LSE, DELTA, RHO, KVM, DQM, DRHO, kb, vb, j, j_ok, c, start, t_from, t_to, q_row0, n, kv_row0, m, h, H, NB,
     scale,
@@ -235,14 +255,8 @@ def _dkv_tile(
     delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
     s, bias_idx, in_win = window_logits(q, kb, RHO, h, NB, tt, j, j_ok, scale, WINDOW, PREC)  # [t, j]
     p = tl.where(in_win & t_ok[:, None], tl.exp2(s - lse[:, None]), 0.0)
-    dv = tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
-    dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
-    ds = p * (dp - delta[:, None])  # 0 outside the window and for queries not in [t_from, t_to]
-    dk = tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
-    dq = tl.dot(ds.to(kb.dtype), kb, input_precision=PREC) * scale  # [QB, BD]
-    dd = tl.arange(0, BD)
-    dq_ptrs = row_ptrs(DQM, q_row0, start, h, H, QB, BD, D)
-    tl.atomic_add(dq_ptrs, dq, mask=t_ok[:, None] & (dd < D)[None, :], sem="relaxed")
+    # ds is 0 outside the window and for queries not in [t_from, t_to]
+    dk, dv, ds = _score_grads(p, q, do, delta, kb, vb, DQM, q_row0, start, t_ok, h, H, scale, D, BD, QB, PREC)
     if (start + QB - 1 < m) | (n <= m):  # no query of the tile is clamped: index t - j
         _bias_grad(DRHO, ds, h, NB, start - c * C, QB, C)
     else:  # queries past the source share t' = m - 1: one add per score
@@ -270,14 +284,7 @@ def _dkv_table_tile(
     delta = tl.load(DELTA + (q_row0 + t).to(tl.int64) * H + h, mask=t_ok, other=0.0)
     s = table_logits(q, kb, BT, tile, r0 + tl.arange(0, QB), j_ok, scale * 1.4426950408889634, C, PREC)  # [t, j]
     p = tl.exp2(s - lse[:, None])
-    dv = tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
-    dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
-    ds = p * (dp - delta[:, None])
-    dk = tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
-    dq = tl.dot(ds.to(kb.dtype), kb, input_precision=PREC) * scale  # [QB, BD]
-    dd = tl.arange(0, BD)
-    tl.atomic_add(row_ptrs(DQM, q_row0, first + r0, h, H, QB, BD, D), dq, mask=t_ok[:, None] & (dd < D)[None, :], sem="relaxed")
-    return dk, dv, ds
+    return _score_grads(p, q, do, delta, kb, vb, DQM, q_row0, first + r0, t_ok, h, H, scale, D, BD, QB, PREC)
 
 
 @triton.jit
