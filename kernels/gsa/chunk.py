@@ -116,6 +116,13 @@ WARPS = {"output": 4, "query": 4, "key": 4}
 # the per-sub-chunk kernels 15.36 / 17.12.
 WHOLE_MAX_SLOTS, WHOLE_MAX_DIM = 64, 128
 WHOLE_BC = 64
+# The whole-chunk kernels' slot and head-dim tiles are at least this wide. Triton 3.6
+# miscompiles them on the H200 when the slot tile is narrower than a head-dim tile (or the
+# reverse) below 64: wrong outputs (relative error ~0.5 at 32 slots and d = 64) or an
+# out-of-range shared-memory access (fp16 noncausal self-attention faulted). Equal widths
+# of 32 passed, and every combination padded to 64 matched the float64 reference (masked
+# columns cost work, not accuracy); tests/test_gpu_kernel_matrix.py covers each pairing.
+WHOLE_MIN_TILE = 64
 WHOLE_WARPS = {"output": 4, "query": 4, "key": 4}
 
 
@@ -124,6 +131,9 @@ class _Config:
 
     def __init__(self, dk, dv, slots, dtype):
         self.BK, self.BV, self.BM = _block(dk), _block(dv), _block(slots)
+        self.whole = self.BM <= WHOLE_MAX_SLOTS and max(self.BK, self.BV) <= WHOLE_MAX_DIM
+        if self.whole:
+            self.BK, self.BV, self.BM = (max(b, WHOLE_MIN_TILE) for b in (self.BK, self.BV, self.BM))
         narrow = self.BM > 128  # tiles [slots, columns] stay within registers / shared memory
         state_cols = BD_STATE // 2 if narrow else BD_STATE
         self.BDK, self.BDV = min(self.BK, state_cols), min(self.BV, state_cols)
@@ -131,7 +141,6 @@ class _Config:
         cols = COL_BLOCK // 2 if narrow else COL_BLOCK
         self.DBK, self.DBV = min(self.BK, cols), min(self.BV, cols)
         self.blocks = dict(BK=self.BK, BV=self.BV, DBK=self.DBK, DBV=self.DBV)
-        self.whole = self.BM <= WHOLE_MAX_SLOTS and max(self.BK, self.BV) <= WHOLE_MAX_DIM
         wide = self.BM * max(self.BK, self.BV) > 64 * 64
         self.warps = dict(WHOLE_WARPS) if self.whole else {name: 8 if wide else w for name, w in WARPS.items()}
         exact = dtype == torch.float32
