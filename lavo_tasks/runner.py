@@ -578,8 +578,8 @@ def evaluate(cfg: DictConfig, ckpt: str, overrides: dict | None = None) -> dict[
 def run_cli(body, argv: list[str], usage) -> int:
     """Run `body(argv)` as a command: `-h`/`--help` prints `usage(argv)`; a ConfigError
     (bad input) prints `error: <message>` as one line on stderr, no traceback, exit code
-    2; Interrupted (a signal, last.ckpt written) and Ctrl-C before training print one
-    line too, exit code 128 + the signal's number."""
+    2; Interrupted (a signal, last.ckpt written) and Ctrl-C outside training steps print
+    one line too, exit code 128 + the signal's number."""
     try:
         if "-h" in argv or "--help" in argv:
             print(usage([arg for arg in argv if arg not in ("-h", "--help")]))
@@ -592,6 +592,6 @@ def run_cli(body, argv: list[str], usage) -> int:
         print(f"stopped: {err}", file=sys.stderr)
         return 128 + err.signum
     except KeyboardInterrupt:
-        print("stopped: interrupted (SIGINT) before training started; nothing to resume from", file=sys.stderr)
+        print("stopped: SIGINT outside a training step, so no checkpoint was written now", file=sys.stderr)
         return 128 + signal.SIGINT
     return 0
