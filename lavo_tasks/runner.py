@@ -154,9 +154,14 @@ class SignalCheckpoint(Callback):
         if trainer.world_size > 1:
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         if stop and trainer.global_step < trainer.max_steps:
-            trainer.save_checkpoint(self.path)
+            self._save(trainer)
             raise Interrupted(self.signum or signal.SIGTERM, trainer.global_step, self.path.parent.parent)
         if not stop and self.every and trainer.global_step % self.every == 0:
+            self._save(trainer)
+
+    def _save(self, trainer) -> None:
+        with warnings.catch_warnings():  # the whole checkpoint is meant, as ModelCheckpoint writes it
+            warnings.filterwarnings("ignore", message="`weights_only` was not set")
             trainer.save_checkpoint(self.path)
 
 
