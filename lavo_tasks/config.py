@@ -212,7 +212,8 @@ def _check_site(cfg: DictConfig, site: str, pattern: str) -> None:
     try:
         block_class(attention.name).check_config(attention, cfg.model.d_model, cfg.model.n_heads, pattern)
     except ConfigError as err:
-        if site == "attention" or cfg.model[site]:
+        # The hint is for a pattern the attention cannot run, not for a bad value.
+        if site == "attention" or cfg.model[site] or pattern in block_class(attention.name).patterns:
             raise
         raise ConfigError(f"{err} (at model.{site}, which follows attention=; "
                           f"set model.{site} to another attention)") from None
@@ -250,6 +251,7 @@ def _check_basics(cfg: DictConfig) -> None:
     rules = [
         ("trainer.max_steps", lambda v: v >= 1, ">= 1"),
         ("trainer.val_check_interval", lambda v: v >= 1, "a number of steps >= 1"),
+        ("run.checkpoint_every", lambda v: v >= 0, "a number of steps >= 0 (0: off)"),
         ("optim.lr", lambda v: v > 0, "> 0"),
         ("optim.weight_decay", lambda v: v >= 0, ">= 0"),
         ("optim.warmup_steps", lambda v: v >= 0, ">= 0"),

@@ -10,17 +10,27 @@ from omegaconf import DictConfig
 
 class TaskModule(L.LightningModule):
     """AdamW with linear warm-up and cosine decay (the `optim.*` keys) and the run's
-    artifacts folder. Subclasses build the model and implement the steps."""
+    artifacts folder. Subclasses build the model and implement the steps.
+
+    Validation metrics are logged with `sync_dist=True` (the mean over the processes),
+    so best.ckpt is chosen on the same number by every process."""
 
     def __init__(self, cfg: DictConfig):
         super().__init__()
         self.cfg = cfg
+        # Where the test writes artifacts/: the run folder, or evaluate's eval/<ckpt>-<time>/.
+        self.results_dir = Path(cfg.run.dir)
 
     @property
     def artifacts_dir(self) -> Path:
-        path = Path(self.cfg.run.dir) / "artifacts"
+        path = self.results_dir / "artifacts"
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def log(self, name: str, value, *args, **kwargs) -> None:
+        if self._trainer is not None and (self.trainer.validating or self.trainer.sanity_checking):
+            kwargs.setdefault("sync_dist", True)
+        super().log(name, value, *args, **kwargs)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         # Dropout and any other randomness in a step depend on (seed, step) only, so a

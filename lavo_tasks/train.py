@@ -10,7 +10,9 @@ from omegaconf import DictConfig
 
 from . import tasks
 from .attention import ATTENTION_NAMES
-from .config import DEFAULT_ATTENTION, compose, read_yaml, validate
+from .attention.base import PATTERN_NAMES
+from .config import DEFAULT_ATTENTION, attention_defaults, compose, read_yaml, split_args, validate
+from .keydoc import key_comments
 from .runner import run_cli, train
 
 
@@ -20,35 +22,68 @@ def run(args: list[str]) -> dict[str, float]:
     return train(cfg)
 
 
-def _key_lines(cfg: DictConfig, prefix: str = "") -> list[str]:
-    lines = []
+def _leaves(cfg: DictConfig, prefix: str = "") -> list[tuple[str, object]]:
+    """(dotted key, value) of every leaf key of `cfg`, in file order."""
+    leaves = []
     for key, value in cfg.items():
         if isinstance(value, DictConfig):
-            lines.extend(_key_lines(value, f"{prefix}{key}."))
+            leaves.extend(_leaves(value, f"{prefix}{key}."))
         else:
-            lines.append(f"  {prefix}{key}={value}")
+            leaves.append((f"{prefix}{key}", value))
+    return leaves
+
+
+def _key_lines(leaves: list[tuple[str, object]], comments: dict[str, str]) -> list[str]:
+    """`  key=default   meaning` (meaning: the key's YAML comment)."""
+    lines = []
+    for path, value in leaves:
+        text = f"{path}={value!r}" if value == "" else f"{path}={value}"
+        meaning = comments.get(path, "")
+        lines.append(f"  {text:<34} {meaning}" if meaning else f"  {text}")
     return lines
 
 
-def usage() -> str:
-    attention_keys = []
+def _task_of(argv: list[str]) -> str:
+    selectors, _ = split_args([arg for arg in argv if "=" in arg])
+    return selectors.get("task") or read_yaml("train.yaml").task
+
+
+def usage(argv: list[str] | None = None) -> str:
+    """The help text; with `task=NAME` among `argv`, that task's keys and defaults."""
+    task = _task_of(argv or [])
+    cfg = compose([f"task={task}"])
+    task_yaml = read_yaml(f"task/{task}.yaml")
+    task_yaml.pop("presets", None)
+    own_keys = {path for path, _ in _leaves(task_yaml)}
+    leaves = [(path, value) for path, value in _leaves(cfg) if not path.startswith("attention.")]
+    comments = {**key_comments("train.yaml"), **key_comments(f"task/{task}.yaml")}
+    attention_lines = []
     for name in ATTENTION_NAMES:
-        group = read_yaml(f"attention/{name}.yaml").attention
-        keys = [f"attention.{key}={value}" for key, value in group.items() if key != "name"]
-        attention_keys.append(f"  {name}: {' '.join(keys) or '(no keys)'}")
+        group = attention_defaults(name)
+        keys = _key_lines([(f"attention.{k}", v) for k, v in group.items() if k != "name"],
+                          key_comments(f"attention/{name}.yaml"))
+        attention_lines += [f"  {name}:" + ("" if keys else " (no keys)"), *("  " + line for line in keys)]
+    site_lines = [f"  {'attention' if site == 'attention' else 'model.' + site}: {pattern} ({PATTERN_NAMES[pattern]})"
+                  for site, pattern in tasks.load_task(task).ATTENTION_SITES.items()]
     return "\n".join([
         "usage: python -m lavo_tasks.train [task=NAME] [attention=NAME] [key=value ...]",
         "",
         "Train a model on a task, then test it. The run writes config.yaml, checkpoints/,",
-        "metrics.jsonl, metrics.json and artifacts/ into run.dir.",
+        "metrics.jsonl, metrics.json, logs/ and artifacts/ into run.dir.",
         "",
-        f"tasks (task=NAME; each adds data.* and model.* keys from configs/task/NAME.yaml): "
-        f"{', '.join(tasks.task_names())}",
+        f"tasks (task=NAME; add task=NAME to --help for its keys): {', '.join(tasks.task_names())}",
+        "",
+        f"task {task}: keys of configs/task/{task}.yaml (defaults):",
+        *_key_lines([leaf for leaf in leaves if leaf[0] in own_keys], comments),
+        "",
+        f"attention sites of {task} (each takes the attention=NAME group unless its model key names another):",
+        *site_lines,
+        "",
         f"attentions (attention=NAME, default {DEFAULT_ATTENTION}):",
-        *attention_keys,
+        *attention_lines,
         "",
-        "keys every task shares (defaults from configs/train.yaml):",
-        *_key_lines(read_yaml("train.yaml")),
+        "keys every task shares (configs/train.yaml, with this task's defaults):",
+        *_key_lines([leaf for leaf in leaves if leaf[0] not in own_keys], comments),
         "",
         "examples:",
         "  python -m lavo_tasks.train task=lm attention=gsa attention.slots=32 trainer.max_steps=100",
@@ -56,7 +91,7 @@ def usage() -> str:
         "",
         "run.resume=last continues a stopped run from checkpoints/last.ckpt exactly as if it had",
         "not stopped; with a larger trainer.max_steps it extends a run (the learning-rate",
-        "schedule then follows the new length).",
+        "schedule then follows the new length). Ctrl-C or SIGTERM writes last.ckpt first.",
     ])
 
 

@@ -135,21 +135,27 @@ def test_train_writes_the_run_folder(tiny_task, tmp_path):
     saved = OmegaConf.load(run_dir / "config.yaml")
     assert saved.task == "tiny" and saved.run.dir == str(run_dir) and saved.trainer.max_steps == 7
     assert saved.attention.name == "softmax" and saved.run.resume == ""
-    # Validation at steps 3 and 6; training ends at 7, between two validations.
+    # Validation at steps 3 and 6, and at 7, where training ends between two intervals.
     lines = read_jsonl(run_dir / "metrics.jsonl")
-    assert [line["step"] for line in lines] == [3, 6]
+    assert [line["step"] for line in lines] == [3, 6, 7]
     assert all(set(line) == {"step", "val_loss"} and line["val_loss"] > 0 for line in lines)
     # last.ckpt holds the final weights (step 7), best.ckpt the best validation.
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 7
-    assert (run_dir / "checkpoints" / "best.ckpt").is_file()
+    best = torch.load(run_dir / "checkpoints" / "best.ckpt", weights_only=False)
+    assert best["global_step"] == min(lines, key=lambda line: line["val_loss"])["step"]
     assert not list((run_dir / "checkpoints").glob("*.tmp"))
     assert json.loads((run_dir / "metrics.json").read_text()) == metrics
     assert set(metrics) == {"test_loss", "test_acc"} and 0 <= metrics["test_acc"] <= 1
     assert (run_dir / "artifacts" / "weights.txt").is_file()
-    with open(run_dir / "logs" / "version_0" / "metrics.csv") as f:
-        curve = [row for row in csv.DictReader(f) if row["train_loss"]]
-    assert [int(row["step"]) for row in curve] == [1, 3, 5]
+    # One training log: a row every 2 steps, and one per validation.
+    with open(run_dir / "logs" / "metrics.csv") as f:
+        log = list(csv.DictReader(f))
+    assert [int(row["step"]) for row in log if row["train_loss"]] == [2, 4, 6]
+    assert [(int(row["step"]), float(row["val_loss"])) for row in log if row["val_loss"]] == [
+        (line["step"], line["val_loss"]) for line in lines]
+    assert all(float(row["samples_per_s"]) > 0 and float(row["lr"]) > 0 for row in log if row["train_loss"])
+    assert (run_dir / "artifacts" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_default_run_dir_is_runs_task_timestamp(tiny_task, tmp_path, monkeypatch):
@@ -220,7 +226,12 @@ def test_resume_equals_an_uninterrupted_run(tiny_task, tmp_path, monkeypatch):
     assert resumed == expected
     assert read_jsonl(interrupted / "metrics.jsonl") == read_jsonl(straight / "metrics.jsonl")
     assert (interrupted / "artifacts" / "weights.txt").read_text() == (straight / "artifacts" / "weights.txt").read_text()
-    assert {p.name for p in (interrupted / "logs").iterdir()} == {"version_0", "version_1"}
+    # One log across the restart, with the rows of the straight run (timings aside).
+    def log_rows(run):
+        with open(run / "logs" / "metrics.csv") as f:
+            return [(row["step"], row["train_loss"], row["lr"], row["val_loss"]) for row in csv.DictReader(f)]
+    assert {p.name for p in (interrupted / "logs").iterdir()} == {"metrics.csv"}
+    assert log_rows(interrupted) == log_rows(straight)
 
 
 def test_a_resumed_run_drops_the_validations_after_its_checkpoint(tmp_path):
@@ -237,23 +248,39 @@ def test_resume_can_raise_max_steps(tiny_task, tmp_path):
     assert OmegaConf.load(run_dir / "config.yaml").trainer.max_steps == 7
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 7
     assert TRAIN_LOADER_STARTS == [0, 4]
-    assert [line["step"] for line in read_jsonl(run_dir / "metrics.jsonl")] == [3, 6]
+    # 3 and the end (4) of the first run; 6 and the end (7) of the extension.
+    assert [line["step"] for line in read_jsonl(run_dir / "metrics.jsonl")] == [3, 4, 6, 7]
+
+
+def only_eval_dir(run_dir):
+    """The one folder under eval/: the result of the run's only evaluate so far."""
+    (folder,) = (run_dir / "eval").iterdir()
+    return folder
 
 
 def test_evaluate_reproduces_the_test_metrics(tiny_task, tmp_path):
     run_dir = tmp_path / "run"
     trained = train.run(["task=tiny", f"run.dir={run_dir}", "trainer.max_steps=5"])
     weights = (run_dir / "artifacts" / "weights.txt").read_text()
-    (run_dir / "metrics.json").unlink()
-    (run_dir / "artifacts" / "weights.txt").unlink()
+    run_files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
 
     assert evaluate.main([f"run.dir={run_dir}"]) == 0
-    assert json.loads((run_dir / "metrics.json").read_text()) == trained
-    assert (run_dir / "artifacts" / "weights.txt").read_text() == weights
-    # The best checkpoint (validation at step 3) is another set of weights.
+    folder = only_eval_dir(run_dir)
+    assert re.fullmatch(r"last-\d{8}-\d{6}", folder.name)
+    assert json.loads((folder / "metrics.json").read_text()) == trained
+    assert (folder / "artifacts" / "weights.txt").read_text() == weights
+    assert json.loads((folder / "metrics.meta.json").read_text())["checkpoint"]["step"] == 5
+    # The training run's own files are untouched.
+    assert {p: p.read_bytes() for p in run_files} == run_files
+    # The best checkpoint: from the validation at step 3 or the one at the end (5).
     best = evaluate.run([f"run.dir={run_dir}", "ckpt=best"])
-    assert set(best) == set(trained) and best != trained
+    best_step = torch.load(run_dir / "checkpoints" / "best.ckpt", weights_only=False)["global_step"]
+    (best_folder,) = (run_dir / "eval").glob("best-*")
+    assert json.loads((best_folder / "metrics.meta.json").read_text())["checkpoint"] == {
+        "name": "best", "path": str(run_dir / "checkpoints" / "best.ckpt"), "step": best_step}
+    assert set(best) == set(trained) and (best == trained) == (best_step == 5)
     assert evaluate.run([f"run.dir={run_dir}", f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}"]) == trained
+    assert len(list((run_dir / "eval").iterdir())) == 3
     with pytest.raises(ConfigError, match=r"ckpt='first': no checkpoint at .*first"):
         evaluate.run([f"run.dir={run_dir}", "ckpt=first"])
 
@@ -323,7 +350,7 @@ def test_evaluate_errors(tmp_path, capsys):
     cases = [
         ([], "run.dir: missing"),
         ([f"run.dir={tmp_path}"], "no config.yaml there"),
-        ([f"run.dir={tmp_path}", "ckpt=last", "seed=3"], "unknown argument 'seed'"),
+        ([f"run.dir={tmp_path}", "ckpt=last", "seed=3"], "seed: evaluate keeps the run's model and training keys"),
     ]
     for args, message in cases:
         assert evaluate.main(args) == 2
@@ -370,10 +397,10 @@ def test_lm_cli_end_to_end_and_evaluate(tmp_path):
     assert artifacts and all(artifacts.values())
 
     # evaluate rebuilds the run from config.yaml + last.ckpt and reproduces both.
-    (run_dir / "metrics.json").unlink()
     assert evaluate.main([f"run.dir={run_dir}", "ckpt=last"]) == 0
-    assert json.loads((run_dir / "metrics.json").read_text()) == metrics
-    assert {p.name: p.read_bytes() for p in (run_dir / "artifacts").iterdir() if p.suffix == ".txt"} == {
+    folder = only_eval_dir(run_dir)
+    assert json.loads((folder / "metrics.json").read_text()) == metrics
+    assert {p.name: p.read_bytes() for p in (folder / "artifacts").iterdir() if p.suffix == ".txt"} == {
         name: data for name, data in artifacts.items() if name.endswith(".txt")}
 
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from lavo_tasks.module import TaskModule
+from lavo_tasks.plots import attention_label, format_metrics, readable_ylim, save_figure
 
 from .data import TEST_LENGTH_FACTORS, LMDataModule
 from .metrics import Perplexity
@@ -95,7 +96,8 @@ class LMModule(TaskModule):
     def plot_ppl_vs_context(self, ppl: dict[str, float], position_nll: torch.Tensor) -> None:
         """Left: test perplexity at each evaluation length. Right: perplexity by position
         inside the longest blocks (bins of seq_len / 4 tokens); past the dashed line the
-        model sees more context than in training."""
+        model sees more context than in training. The y axes span at least 10 % of their
+        values (lavo_tasks.plots.readable_ylim), so a change of 0.02 does not read as a slope."""
         seq_len = self.cfg.data.seq_len
         lengths = [f * seq_len for f in TEST_LENGTH_FACTORS]
         bin_size = max(seq_len // 4, 1)
@@ -108,12 +110,14 @@ class LMModule(TaskModule):
                  title="perplexity vs evaluation length")
         left.minorticks_off()
         left.set_xticks(lengths, [str(n) for n in lengths])
+        readable_ylim(left, list(ppl.values()))
         right.plot(centers, binned)
         right.axvline(seq_len, linestyle="--", color="gray", label=f"training length {seq_len}")
         right.set(xlabel="position in the block (tokens)", ylabel="perplexity",
                   title=f"perplexity by position ({lengths[-1]}-token blocks)")
+        readable_ylim(right, binned.tolist())
         right.legend()
-        fig.suptitle(f"LM, attention={self.cfg.attention.name}")
+        fig.suptitle(f"LM, attention {attention_label(self.cfg)}\n{format_metrics(ppl, TEST_METRICS)}", fontsize=9)
         fig.tight_layout()
-        fig.savefig(self.artifacts_dir / "ppl_vs_context.png", dpi=100)
+        save_figure(fig, self.artifacts_dir / "ppl_vs_context.png")
         plt.close(fig)

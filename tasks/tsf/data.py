@@ -61,6 +61,9 @@ class Series:
 def read_series_csv(path: Path) -> Series:
     """Read a `date` + numeric columns CSV; DataError naming the file, line and column
     of the first problem (line numbers count the header as line 1)."""
+    if path.is_dir():
+        raise DataError(f"data.path={str(path)!r}: a folder; task tsf reads one CSV file (a `date` column, "
+                        "then numeric columns)")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     try:
@@ -72,6 +75,9 @@ def read_series_csv(path: Path) -> Series:
     columns = [c for c in frame.columns if c != "date"]
     if not columns:
         raise DataError(f"{path}: no value columns besides 'date'")
+    if len(frame) < 2:
+        raise DataError(f"{path}: {len(frame)} data row{'s' * (len(frame) != 1)} after the header; a series needs "
+                        "at least two to tell its frequency")
 
     dates = pd.to_datetime(frame["date"], errors="coerce")
     if dates.isna().any():
@@ -214,7 +220,7 @@ class TSFDataModule(L.LightningDataModule):
     `self.datasets[split]` and the facts the model needs: `n_inputs` (channels fed to
     encoder and decoder), `n_outputs` (channels forecast, the last `n_outputs` inputs),
     `mean` / `std` of the input channels, `raw` [rows, n_inputs] the unscaled values of
-    the whole file, `freq`."""
+    the whole file, `dates` of its rows, `freq`."""
 
     def __init__(self, cfg: DictConfig):
         super().__init__()
@@ -269,6 +275,7 @@ class TSFDataModule(L.LightningDataModule):
                 scaled[start:end], marks[start:end], start, data.seq_len, data.label_len, data.pred_len
             )
         self.raw = raw
+        self.dates = series.dates
         self.columns = columns
         self.n_inputs = len(columns)
         self.n_outputs = 1 if data.mode == "MS" else self.n_inputs

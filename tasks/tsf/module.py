@@ -14,19 +14,26 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from gluonts.time_feature import get_seasonality
+from matplotlib.dates import ConciseDateFormatter
 from matplotlib.figure import Figure  # not pyplot: no global backend state is touched
 from omegaconf import DictConfig
 
 from ...config import site_attention
 from ...module import TaskModule
+from ...plots import attention_label, format_metrics, save_figure
 from .data import TSFDataModule
 from .metrics import GluonTSErrors, ScaledErrors, seasonal_errors
 from .model import Forecaster
 
-PLOTTED_WINDOWS = 4
+PLOTTED_WINDOWS = 3
+PLOTTED_CHANNELS = 7  # M mode: the target and up to 6 other channels (ETTh1 has 7 in all)
 
 
 class TSFModule(TaskModule):
+    # Which test metrics are on the scaled (z-scored) values, which in the file's units.
+    METRIC_VALUES = {**{f"test_{k}": "scaled" for k in ("mse", "mae", "last_value_mse", "last_value_mae")},
+                     **{f"test_{k}": "unscaled" for k in ("mase", "smape", "nd")}}
+
     def __init__(self, cfg: DictConfig, datamodule: TSFDataModule):
         super().__init__(cfg)
         m = cfg.model
@@ -89,33 +96,50 @@ class TSFModule(TaskModule):
         figures |= {f"test_last_value_{k}": v for k, v in self.last_value_errors.compute().items()}
         for name, value in figures.items():
             self.log(name, value)
-        self.plot_forecasts()
+        self.plot_forecasts(figures)
 
     def unscale(self, values: torch.Tensor) -> np.ndarray:
         """[..., n_outputs] scaled -> float64 numpy in the file's units."""
         return values.detach().double().cpu().numpy() * self.std + self.mean
 
     @torch.no_grad()
-    def plot_forecasts(self) -> None:
-        """The last output channel (the target) of a few evenly spaced test windows:
-        the encoder's input, the truth and the forecast, in the file's units."""
+    def plot_forecasts(self, figures: dict[str, float]) -> None:
+        """A few evenly spaced test windows (columns) by forecast channel (rows: the
+        target, and in M mode up to PLOTTED_CHANNELS - 1 others, evenly chosen): the
+        encoder's input, the truth and the forecast in the file's units against the rows'
+        dates; the title gives the attention and the test metrics."""
         indices = np.linspace(0, len(self.plot_windows) - 1, PLOTTED_WINDOWS).round().astype(int)
         batch = {k: torch.stack([self.plot_windows[i][k] for i in indices]).to(self.device)
-                 for k in ("x", "x_mark", "y", "y_mark")}
+                 for k in ("x", "x_mark", "y", "y_mark", "start")}
         prediction, truth = self.forecast(batch)
-        history = self.unscale(batch["x"][..., -self.n_outputs:])[..., -1]  # [windows, seq_len]
-        truth, prediction = self.unscale(truth)[..., -1], self.unscale(prediction.float())[..., -1]
-
+        history = self.unscale(batch["x"][..., -self.n_outputs:])  # [windows, seq_len, n_outputs]
+        truth, prediction = self.unscale(truth), self.unscale(prediction.float())  # [windows, pred_len, n_outputs]
+        starts = batch["start"].cpu().numpy()
+        dates = self.trainer.datamodule.dates
         seq_len, pred_len = history.shape[1], truth.shape[1]
-        fig = Figure(figsize=(9, 2.2 * len(indices)))
-        axes = fig.subplots(len(indices), 1, sharex=True, squeeze=False)
-        for ax, i, h, t, p in zip(axes[:, 0], indices, history, truth, prediction):
-            ax.plot(np.arange(seq_len), h, color="0.5", label="input")
-            ax.plot(np.arange(seq_len, seq_len + pred_len), t, color="k", label="truth")
-            ax.plot(np.arange(seq_len, seq_len + pred_len), p, color="tab:red", label="forecast")
-            ax.set_title(f"test window {i}", fontsize=9)
-        axes[0, 0].legend(loc="upper left", fontsize=8)
-        axes[-1, 0].set_xlabel("step")
-        fig.supylabel(self.output_names[-1])
+        # The target (the last output channel) first, then others evenly spread.
+        others = np.linspace(0, self.n_outputs - 2, min(PLOTTED_CHANNELS, self.n_outputs) - 1).round().astype(int)
+        channels = [self.n_outputs - 1, *dict.fromkeys(others.tolist())] if self.n_outputs > 1 else [0]
+
+        fig = Figure(figsize=(4.2 * len(indices), 1.9 * len(channels) + 1.2))
+        axes = fig.subplots(len(channels), len(indices), squeeze=False, sharex="col")
+        for col, (i, start) in enumerate(zip(indices, starts)):
+            past, future = dates[start - seq_len:start], dates[start:start + pred_len]
+            for row, c in enumerate(channels):
+                ax = axes[row, col]
+                ax.plot(past, history[col, :, c], color="0.5", linewidth=1, label="input")
+                ax.plot(future, truth[col, :, c], color="k", linewidth=1, label="truth")
+                ax.plot(future, prediction[col, :, c], color="tab:red", linewidth=1, label="forecast")
+                ax.xaxis.set_major_formatter(ConciseDateFormatter(ax.xaxis.get_major_locator()))
+                ax.tick_params(labelsize=7)
+                if col == 0:
+                    ax.set_ylabel(self.output_names[c], fontsize=8)
+            axes[0, col].set_title(f"test window {i}: forecast from {future[0]:%Y-%m-%d %H:%M}", fontsize=8)
+        axes[0, 0].legend(loc="upper left", fontsize=7)
+        scaled = [name for name, values in self.METRIC_VALUES.items() if values == "scaled"]
+        unscaled = [name for name, values in self.METRIC_VALUES.items() if values == "unscaled"]
+        fig.suptitle(f"tsf, mode {self.cfg.data.mode}, attention {attention_label(self.cfg)}\n"
+                     f"scaled: {format_metrics(figures, scaled)}\nunscaled: {format_metrics(figures, unscaled)}",
+                     fontsize=8)
         fig.tight_layout()
-        fig.savefig(self.artifacts_dir / "forecasts.png", dpi=100)
+        save_figure(fig, self.artifacts_dir / "forecasts.png")
