@@ -13,10 +13,10 @@ def test_protocol_model_sizes():
     """The benchmark's LM is PERFORMANCE.md's: 12 layers of width 768, 12 heads, a
     32,000-token vocabulary, no dropout, and the kernel benchmark's LAVO sizes."""
     model = bench_e2e.build_model("lavo")
-    assert len(model.layers) == 12
+    assert len(model.decoder.layers) == 12
     assert tuple(model.embed.weight.shape) == (32000, 768)
     assert model.drop.p == 0.0
-    attn = model.layers[0].self_attn
+    attn = model.decoder.layers[0].self_attn
     assert (attn.window, attn.rank, attn.n_heads) == (128, 64, 12)
 
 

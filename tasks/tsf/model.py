@@ -1,8 +1,8 @@
-"""Informer-style encoder-decoder forecaster built from the shared layers.
+"""Informer-style encoder-decoder forecaster built from the shared stacks.
 
-    encoder: embed(x, x_mark) over seq_len steps -> N x TransformerEncoderLayer (NS)
+    encoder: embed(x, x_mark) over seq_len steps -> Encoder, N layers (NS)
     decoder: embed([y_known, zeros], y_mark) over label_len + pred_len steps
-             -> M x TransformerDecoderLayer (causal self, CS; noncausal cross, NC)
+             -> Decoder, M layers (causal self, CS; noncausal cross, NC)
     head:    the last pred_len decoder positions -> Linear -> n_outputs channels
 
 The embedding is Informer's: a circular convolution of width 3 over the values, plus
@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from ...layers import TransformerDecoderLayer, TransformerEncoderLayer
+from ...stacks import Decoder, Encoder
 from .data import TIME_FEATURE_SIZES
 
 
@@ -56,17 +56,11 @@ class Forecaster(nn.Module):
         self.n_outputs = n_outputs
         self.encoder_embedding = SeriesEmbedding(n_inputs, d_model, dropout)
         self.decoder_embedding = SeriesEmbedding(n_inputs, d_model, dropout)
-        self.encoder = nn.ModuleList(
-            TransformerEncoderLayer(d_model, n_heads, encoder_attention, d_ff=d_ff, dropout=dropout)
-            for _ in range(encoder_layers)
-        )
-        self.decoder = nn.ModuleList(
-            TransformerDecoderLayer(d_model, n_heads, decoder_attention, cross_attention, d_ff=d_ff, dropout=dropout,
-                                    cross_causal=False)
-            for _ in range(decoder_layers)
-        )
-        self.encoder_norm = nn.LayerNorm(d_model)
-        self.decoder_norm = nn.LayerNorm(d_model)
+        self.encoder = Encoder(d_model=d_model, n_heads=n_heads, n_layers=encoder_layers, attention=encoder_attention,
+                               d_ff=d_ff, dropout=dropout)
+        self.decoder = Decoder(d_model=d_model, n_heads=n_heads, n_layers=decoder_layers,
+                               self_attention=decoder_attention, cross_attention=cross_attention, d_ff=d_ff,
+                               dropout=dropout, cross_causal=False)
         self.head = nn.Linear(d_model, n_outputs)
 
     def forward(self, x: torch.Tensor, x_mark: torch.Tensor, y_known: torch.Tensor, y_mark: torch.Tensor) -> torch.Tensor:
@@ -74,13 +68,7 @@ class Forecaster(nn.Module):
         label_len input steps); y_mark [B, label_len + pred_len, 5].
         Returns the forecast [B, pred_len, n_outputs]."""
         pred_len = y_mark.shape[1] - y_known.shape[1]
-        memory = self.encoder_embedding(x, x_mark)
-        for layer in self.encoder:
-            memory = layer(memory)
-        memory = self.encoder_norm(memory)
-
+        memory = self.encoder(self.encoder_embedding(x, x_mark))
         placeholder = y_known.new_zeros(y_known.shape[0], pred_len, y_known.shape[2])
         h = self.decoder_embedding(torch.cat([y_known, placeholder], dim=1), y_mark)  # [B, label_len + pred_len, D]
-        for layer in self.decoder:
-            h, _ = layer(h, memory)
-        return self.head(self.decoder_norm(h[:, -pred_len:]))
+        return self.head(self.decoder(h, memory)[:, -pred_len:])
