@@ -8,21 +8,27 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
+from lavo_tasks.config import site_attention
+from lavo_tasks.files import write_atomically
 from lavo_tasks.module import TaskModule
+from lavo_tasks.tokenizer import tokenizer_from_spec
 
-from .data import TEST_LENGTH_FACTORS, LMDataModule
+from .data import TEST_LENGTH_FACTORS
 from .metrics import Perplexity
 from .model import LanguageModel
 
 TEST_METRICS = tuple("test_ppl" if f == 1 else f"test_ppl_{f}x" for f in TEST_LENGTH_FACTORS)
+LONGEST = TEST_LENGTH_FACTORS.index(max(TEST_LENGTH_FACTORS))  # the test loader of the longest blocks
 
 
 class LMModule(TaskModule):
-    def __init__(self, cfg: DictConfig, datamodule: LMDataModule):
+    def __init__(self, cfg: DictConfig, spec: dict):
+        """spec: LMDataModule.spec(), {"vocab_size", "tokenizer"}."""
         super().__init__(cfg)
-        self.tokenizer = datamodule.tokenizer
-        self.prompt = datamodule.streams["test"][: cfg.generate.prompt_tokens].long()  # [P]
-        self.model = LanguageModel(self.tokenizer.vocab_size, cfg.model, cfg.attention)
+        self.tokenizer = tokenizer_from_spec(spec["tokenizer"])
+        self.attention = site_attention(cfg, "attention")
+        self.model = LanguageModel(spec["vocab_size"], cfg.model, self.attention)
+        self.prompt = None  # [P]: the test split's first tokens, taken from its first longest block
 
     def token_nll(self, batch: torch.Tensor) -> torch.Tensor:
         """batch [B, L + 1] token windows -> NLL of each next token [B, L]."""
@@ -55,7 +61,9 @@ class LMModule(TaskModule):
     def test_step(self, batch: torch.Tensor, batch_idx: int, dataloader_idx: int = 0) -> None:
         nll = self.token_nll(batch)  # [B, f * seq_len]
         self.test_ppl[dataloader_idx].update(nll)
-        if TEST_LENGTH_FACTORS[dataloader_idx] == max(TEST_LENGTH_FACTORS):
+        if dataloader_idx == LONGEST:
+            if batch_idx == 0:  # the first block starts the test split
+                self.prompt = batch[0, : self.cfg.generate.prompt_tokens].cpu()
             self.position_nll += nll.double().sum(0).cpu()
             self.position_count += nll.shape[0]
 
@@ -80,6 +88,8 @@ class LMModule(TaskModule):
     # -- artifacts
     def write_generated_text(self) -> None:
         gen = self.cfg.generate
+        if self.prompt is None:
+            raise RuntimeError("the test saw no block of the longest length, whose start is generated.txt's prompt")
         generator = torch.Generator().manual_seed(self.cfg.seed)
         new = self.model.generate(self.prompt[None].to(self.device), gen.max_new_tokens, temperature=gen.temperature,
                                   top_k=gen.top_k, generator=generator)[0]
@@ -87,10 +97,10 @@ class LMModule(TaskModule):
             f"# prompt: the first {len(self.prompt)} tokens of the test split\n"
             f"{self.tokenizer.decode(self.prompt.tolist())}\n"
             f"# generated: {gen.max_new_tokens} tokens, temperature {gen.temperature}, top_k {gen.top_k}, "
-            f"attention {self.cfg.attention.name}, through the decode states\n"
+            f"attention {self.attention.name}, through the decode states\n"
             f"{self.tokenizer.decode(new.tolist())}\n"
         )
-        (self.artifacts_dir / "generated.txt").write_text(text, encoding="utf-8")
+        write_atomically(self.artifacts_dir / "generated.txt", lambda f: f.write(text.encode("utf-8")))
 
     def plot_ppl_vs_context(self, ppl: dict[str, float], position_nll: torch.Tensor) -> None:
         """Left: test perplexity at each evaluation length. Right: perplexity by position
@@ -113,7 +123,7 @@ class LMModule(TaskModule):
         right.set(xlabel="position in the block (tokens)", ylabel="perplexity",
                   title=f"perplexity by position ({lengths[-1]}-token blocks)")
         right.legend()
-        fig.suptitle(f"LM, attention={self.cfg.attention.name}")
+        fig.suptitle(f"LM, attention={self.attention.name}")
         fig.tight_layout()
-        fig.savefig(self.artifacts_dir / "ppl_vs_context.png", dpi=100)
+        write_atomically(self.artifacts_dir / "ppl_vs_context.png", lambda f: fig.savefig(f, format="png", dpi=100))
         plt.close(fig)
