@@ -42,9 +42,11 @@ def usage() -> str:
         "Train a model on a task, then test it. The run writes config.yaml, checkpoints/,",
         "metrics.jsonl, metrics.json and artifacts/ into run.dir.",
         "",
-        f"tasks (task=NAME; each adds data.* and model.* keys from configs/task/NAME.yaml): "
-        f"{', '.join(tasks.task_names())}",
-        f"attentions (attention=NAME, default {DEFAULT_ATTENTION}):",
+        "tasks (task=NAME; each adds data.* and model.* keys from configs/task/NAME.yaml) and their",
+        "attention sites (model.SITE=NAME for one site, model.SITE.KEY=VALUE for one of its keys):",
+        *(f"  {name}: {', '.join(f'model.{site} ({pattern})' for site, pattern in tasks.load_task(name).sites.items())}"
+          for name in tasks.task_names()),
+        f"attentions (attention=NAME for every site, default {DEFAULT_ATTENTION}; attention.KEY=VALUE at its sites):",
         *attention_keys,
         "",
         "keys every task shares (defaults from configs/train.yaml):",
@@ -52,6 +54,7 @@ def usage() -> str:
         "",
         "examples:",
         "  python -m lavo_tasks.train task=lm attention=gsa attention.slots=32 trainer.max_steps=100",
+        "  python -m lavo_tasks.train task=tsf model.cross_attention=lavo model.cross_attention.window=64",
         "  python -m lavo_tasks.train run.dir=runs/lm/my-run run.resume=last",
         "",
         "run.resume=last continues a stopped run from checkpoints/last.ckpt exactly as if it had",
