@@ -179,6 +179,17 @@ def test_lm_splits_come_from_the_cache_and_later_runs_do_not_read_the_texts(tmp_
         assert torch.equal(second.streams[split].tensor, first.streams[split].tensor)
 
 
+def test_lm_spec_and_a_test_stage_that_reads_only_the_test_split(tmp_path, monkeypatch):
+    corpus = small_corpus(tmp_path / "corpus")
+    spec = lm.DataModule(tiny_cfg(tmp_path, "softmax", f"data.path={corpus}")).spec()
+    assert spec == {"vocab_size": 257, "tokenizer": "byte"}
+    read, real_read = [], lm.data.read_text
+    monkeypatch.setattr(lm.data, "read_text", lambda path: read.append(path.name) or real_read(path))
+    dm = lm.DataModule(tiny_cfg(tmp_path / "later", "softmax", f"data.path={corpus}"))  # a cache of its own
+    dm.setup("test")  # what evaluate asks for
+    assert read == ["test.txt"] and set(dm.streams) == {"test"}
+
+
 def test_lm_default_cache_is_in_the_run_folder_and_bad_text_names_the_file(tmp_path):
     corpus = small_corpus(tmp_path / "corpus")
     cfg = tiny_cfg(tmp_path, "softmax", f"data.path={corpus}")
