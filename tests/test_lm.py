@@ -213,8 +213,8 @@ def test_layout_errors_name_what_is_wrong(tmp_path):
                                         r"valid.txt test.txt; found: train.txt"):
         read_all(tmp_path)
     pg = tmp_path / "pg"
-    for split in SPLITS:
-        (pg / split).mkdir(parents=True)
+    for folder in ("train", "validation", "test"):  # PG-19's folder names (the code's splits: train, val, test)
+        (pg / folder).mkdir(parents=True)
     write(pg / "train" / "x.txt", "text")
     with pytest.raises(DataError, match=r"pg/validation: no .txt books"):
         read_all(pg)
