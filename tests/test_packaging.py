@@ -16,14 +16,15 @@ MAPPED = {"lavo_tasks": "lavo_tasks", "kernels": "lavo_tasks.kernels", "tasks": 
 
 
 def package_files() -> set[str]:
-    """Every .py and .yaml file of the checkout's package folders, as its installed path."""
+    """As installed paths: every .py file of a package (a folder with an __init__.py under
+    a mapped folder) and every YAML file under configs/ (package data)."""
     files = set()
     for folder, package in MAPPED.items():
         for path in (ROOT / folder).rglob("*"):
-            if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts:
-                if all((parent / "__init__.py").is_file() for parent in [path.parent, *path.parent.parents]
-                       if parent.is_relative_to(ROOT / folder)):
-                    files.add("/".join([*package.split("."), *path.relative_to(ROOT / folder).parts]))
+            in_package = all((parent / "__init__.py").is_file() for parent in [path.parent, *path.parent.parents]
+                             if parent.is_relative_to(ROOT / folder))
+            if (path.suffix == ".py" and in_package) or (path.suffix == ".yaml" and folder == "configs"):
+                files.add("/".join([*package.split("."), *path.relative_to(ROOT / folder).parts]))
     return files
 
 
