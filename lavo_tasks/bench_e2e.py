@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lavo_tasks.config import compose
+from lavo_tasks.config import compose, site_attention
 from lavo_tasks.tasks.lm.model import LanguageModel
 
 VOCAB = 32000
@@ -39,7 +39,7 @@ def build_model(attention: str, extra: list[str] = ()) -> LanguageModel:
     """The benchmark's LM: `task=lm model.preset=cab`, dropout off, then `extra` overrides."""
     cfg = compose(["task=lm", f"attention={attention}", "model.preset=cab", "model.dropout=0.0",
                    *ATTENTION_OVERRIDES.get(attention, []), *extra])
-    return LanguageModel(VOCAB, cfg.model, cfg.attention)
+    return LanguageModel(VOCAB, cfg.model, site_attention(cfg, "attention"))
 
 
 def training_throughput(model: LanguageModel, T: int, steps: int, tokens_per_step: int = TOKENS_PER_STEP) -> dict:

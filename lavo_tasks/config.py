@@ -1,11 +1,27 @@
 """A run's configuration: compose the YAML files and the command line, check it, resolve it.
 
-`compose(args)` layers configs/train.yaml, configs/task/<task>.yaml,
-configs/attention/<attention>.yaml, the task's preset and the `a.b=value` arguments
-(design ARCHITECTURE.md, "Configuration"). Every key must already exist in those files
-and keep its type, so a misspelt key or a wrong value fails here, before any work, with a
-ConfigError whose one-line message names the key and what is allowed. `validate(cfg)`
-then checks ranges (attention blocks, the task, trainer and optimiser basics, data.path).
+`compose(args)` layers configs/train.yaml, configs/task/<task>.yaml and the task's
+preset, then fills each attention site the task declares (`Task.sites`) with a whole
+attention config, `model.<site>: {name: lavo, window: 32, ...}` from
+configs/attention/<name>.yaml, and applies the `a.b=value` arguments:
+
+- `attention=NAME` selects NAME for every site (default: what the task YAML names for
+  the site, else softmax); `model.<site>=NAME` selects one site's attention;
+- `attention.KEY=VALUE` sets KEY at every site whose attention is the one `attention=`
+  selected; `model.<site>.KEY=VALUE` sets it at one site;
+- any other key must already exist in those files and keeps its type.
+
+So a misspelt key, an unknown site or a wrong value fails here, before any work, with a
+ConfigError whose one-line message names the key and what is allowed. The composed
+config holds every site's full attention config, so a saved config.yaml rebuilds the
+model whatever the installed YAML files say later. `validate(cfg)` then checks ranges
+(each site's attention against its pattern, the task, trainer and optimiser basics,
+data.path).
+
+The composition is written here rather than through hydra-core: the selectors above are
+a few lines on top of OmegaConf, hydra's override grammar would spell a site's group
+`model/cross_attention=lavo` beside `model.cross_attention.window=64`, and its errors
+are multi-line reports rather than this project's one line naming the key.
 """
 
 import difflib
@@ -16,13 +32,11 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import tasks
-from .attention import ATTENTION_NAMES, block_class
+from .attention import ATTENTION_NAMES, PATTERN_NAMES, block_class
 from .errors import ConfigError
 
 DEFAULT_ATTENTION = "softmax"
 SELECTORS = ("task", "attention")
-# The attention sites of encoder-decoder models; "" means "the `attention` group".
-SITES = ("encoder_attention", "decoder_attention", "cross_attention")
 # Keys a resumed run may change: the saved configuration is otherwise what built the checkpoint.
 RESUMABLE_PREFIXES = ("trainer.", "run.")
 
@@ -36,15 +50,14 @@ def read_yaml(relative_path: str) -> DictConfig:
 
 
 def task_yaml(name: str) -> DictConfig:
-    if name not in tasks.task_names():
-        raise ConfigError(f"task={name!r}: unknown task; allowed: {', '.join(tasks.task_names())}")
-    return read_yaml(f"task/{name}.yaml")
+    return OmegaConf.create(tasks.task_yaml_text(name))
 
 
-def attention_defaults(name: str) -> DictConfig:
-    """The `attention` group of configs/attention/<name>.yaml."""
+def attention_defaults(name: str, key: str = "attention") -> DictConfig:
+    """The `attention` group of configs/attention/<name>.yaml; `key` names the argument
+    that chose it, for the error."""
     if name not in ATTENTION_NAMES:
-        raise ConfigError(f"attention={name!r}: unknown attention; allowed: {', '.join(ATTENTION_NAMES)}")
+        raise ConfigError(f"{key}={name!r}: unknown attention; allowed: {', '.join(ATTENTION_NAMES)}")
     return read_yaml(f"attention/{name}.yaml").attention
 
 
@@ -84,9 +97,9 @@ def compose(args: list[str]) -> DictConfig:
 
 def _fresh_config(selectors: dict[str, str], overrides: list[tuple[str, str]]) -> DictConfig:
     cfg = read_yaml("train.yaml")
-    task = selectors.get("task", cfg.task)
-    attention = selectors.get("attention", DEFAULT_ATTENTION)
-    cfg = OmegaConf.merge(cfg, task_yaml(task), {"task": task, "attention": attention_defaults(attention)})
+    name = selectors.get("task", cfg.task)
+    cfg = OmegaConf.merge(cfg, task_yaml(name), {"task": name})
+    task = tasks.load_task(name)
     presets = cfg.pop("presets", OmegaConf.create({}))
     preset = dict(overrides).get("model.preset")
     if preset is not None:
@@ -94,12 +107,58 @@ def _fresh_config(selectors: dict[str, str], overrides: list[tuple[str, str]]) -
         cfg = _apply_preset(cfg, presets, parse_value("model.preset", preset, cfg.model.preset))
     elif OmegaConf.select(cfg, "model.preset") is not None:
         cfg = _apply_preset(cfg, presets, cfg.model.preset)
+
+    chosen = selectors.get("attention")
+    if chosen is not None:
+        attention_defaults(chosen)  # an unknown name fails as attention=NAME
+    names = {site: _site_default(cfg, site, chosen) for site in task.sites}
+    keys = []
     for key, raw in overrides:
+        site = key.removeprefix("model.")
+        if key.startswith("model.") and site in task.sites:
+            names[site] = raw.strip("'\"") or chosen or DEFAULT_ATTENTION
+        else:
+            keys.append((key, raw))
+    if "model" not in cfg:
+        cfg.model = {}
+    for site, attention in names.items():
+        cfg.model[site] = attention_defaults(attention, key=f"model.{site}")
+
+    for key, raw in keys:
         if key == "attention.name":
             raise ConfigError(f"attention.name={raw!r}: choose the attention with attention=NAME "
                               f"(one of {', '.join(ATTENTION_NAMES)})")
-        _set(cfg, key, raw)
+        if key.startswith("attention."):
+            _set_every_site(cfg, task.sites, chosen or DEFAULT_ATTENTION, key, raw)
+        else:
+            _set(cfg, key, raw, task.sites)
     return cfg
+
+
+def _site_default(cfg: DictConfig, site: str, chosen: str | None) -> str:
+    """The attention a site starts from: `attention=` when given, else the name the task
+    YAML writes at model.<site> ("" or absent: softmax)."""
+    written = OmegaConf.select(cfg, f"model.{site}", default="")
+    if not isinstance(written, str):
+        raise ConfigError(f"model.{site} in configs/task/{cfg.task}.yaml: must be an attention name or \"\" "
+                          f"(the site's keys come from configs/attention/)")
+    return chosen or written or DEFAULT_ATTENTION
+
+
+def _set_every_site(cfg: DictConfig, sites, chosen: str, key: str, raw: str) -> None:
+    """`attention.KEY=VALUE`: KEY at every site whose attention is `chosen`."""
+    defaults = attention_defaults(chosen)
+    name = key.removeprefix("attention.")
+    if name not in defaults:
+        raise ConfigError(f"unknown key {key!r}; keys of attention: {', '.join(defaults)}")
+    targets = [site for site in sites if cfg.model[site].name == chosen]
+    if not targets:
+        where = ", ".join(f"model.{site}={cfg.model[site].name}" for site in sites)
+        raise ConfigError(f"{key}={raw!r}: no site uses attention={chosen} ({where}); "
+                          f"set model.<site>.{name}=... instead")
+    value = parse_value(key, raw, defaults[name])
+    for site in targets:
+        cfg.model[site][name] = value
 
 
 def _apply_preset(cfg: DictConfig, presets: DictConfig, preset: str) -> DictConfig:
@@ -132,7 +191,10 @@ def load_run_config(run_dir: str, command: str) -> DictConfig:
 
 def _saved_config(run_dir: str, selectors: dict[str, str], overrides: list[tuple[str, str]]) -> DictConfig:
     cfg = load_run_config(run_dir, "resume")
-    saved = {"task": cfg.task, "attention": cfg.attention.name}
+    sites = tasks.load_task(cfg.task).sites
+    used = sorted({cfg.model[site].name for site in sites})
+    saved = {"task": cfg.task,
+             "attention": used[0] if len(used) == 1 else ", ".join(f"model.{s}={cfg.model[s].name}" for s in sites)}
     for name, value in selectors.items():
         if value != saved[name]:
             raise ConfigError(f"{name}={value!r}: a resumed run keeps its {name} ({saved[name]})")
@@ -168,10 +230,32 @@ def _check_known(cfg: DictConfig, key: str, where: str = "") -> None:
     raise ConfigError(f"unknown key {key!r}{source}{hint}")
 
 
-def _set(cfg: DictConfig, key: str, raw: str) -> None:
+def _set(cfg: DictConfig, key: str, raw: str, sites=()) -> None:
     """Set `key` (which must exist) to `raw` converted to the type of its current value."""
+    parts = key.split(".")
+    if parts[0] == "model" and len(parts) > 1 and parts[1] in sites:
+        _check_site_key(cfg, parts[1], key, raw)
+    elif parts[0] == "model" and len(parts) > 1 and parts[1] not in cfg.get("model", {}) and (
+            len(parts) > 2 or parts[1].endswith("attention")):
+        close = difflib.get_close_matches(parts[1], list(sites), n=1, cutoff=0.75)
+        hint = f" (did you mean model.{close[0]}?)" if close else ""
+        raise ConfigError(f"unknown attention site 'model.{parts[1]}' of task {cfg.task}{hint}; its sites: "
+                          f"{', '.join(f'model.{s}' for s in sites)}")
     _check_known(cfg, key)
     OmegaConf.update(cfg, key, parse_value(key, raw, OmegaConf.select(cfg, key)), merge=False)
+
+
+def _check_site_key(cfg: DictConfig, site: str, key: str, raw: str) -> None:
+    """`model.<site>.KEY`: KEY must be a key of the site's attention other than its name."""
+    attention = cfg.model[site]
+    name = key.split(".", 2)[2] if key.count(".") >= 2 else ""
+    if name == "name":
+        raise ConfigError(f"{key}={raw!r}: choose a site's attention with model.{site}=NAME "
+                          f"(one of {', '.join(ATTENTION_NAMES)})")
+    keys = [k for k in attention if k != "name"]
+    if name not in keys:
+        allowed = f"its keys: {', '.join(keys)}" if keys else "it has no keys to set"
+        raise ConfigError(f"unknown key {key!r}: model.{site} is attention {attention.name}; {allowed}")
 
 
 def parse_value(key: str, raw: str, default):
@@ -206,41 +290,39 @@ def parse_value(key: str, raw: str, default):
 
 
 def _check_site(cfg: DictConfig, site: str, pattern: str) -> None:
-    """The attention of one site of the task's model can run that site's pattern with
-    these values (an odd window in noncausal self-attention, say, fails here)."""
-    attention = cfg.attention if site == "attention" else site_attention(cfg, site)
+    """The attention at `model.<site>` can run the site's pattern with these values (an
+    odd window in noncausal self-attention, say, fails here)."""
+    attention = site_attention(cfg, site)
+    block = block_class(attention.name)
+    if pattern not in block.patterns:
+        supported = ", ".join(f"{p} ({PATTERN_NAMES[p]})" for p in sorted(block.patterns))
+        raise ConfigError(f"model.{site}={attention.name}: attention {attention.name!r} does not support "
+                          f"{PATTERN_NAMES[pattern]} ({pattern}), which this site needs; it supports: {supported}; "
+                          f"set model.{site} to another attention")
     try:
-        block_class(attention.name).check_config(attention, cfg.model.d_model, cfg.model.n_heads, pattern)
+        block.check_config(attention, cfg.model.d_model, cfg.model.n_heads, pattern)
     except ConfigError as err:
-        # The hint is for a pattern the attention cannot run, not for a bad value.
-        if site == "attention" or cfg.model[site] or pattern in block_class(attention.name).patterns:
-            raise
-        raise ConfigError(f"{err} (at model.{site}, which follows attention=; "
-                          f"set model.{site} to another attention)") from None
+        message = str(err)
+        if message.startswith("attention."):  # the block names its own keys: say which site's
+            raise ConfigError(f"model.{site}.{message.removeprefix('attention.')}") from None
+        raise
 
 
 def site_attention(cfg: DictConfig, site: str) -> DictConfig:
-    """The attention config of one site of an encoder-decoder model.
-
-    `cfg.model.<site>` names an attention, which then takes its YAML defaults, or is ""
-    for the `attention` group (with the command line's attention.* overrides).
-    """
-    if site not in SITES:
-        raise ValueError(f"site must be one of {', '.join(SITES)}, not {site!r}")
-    name = cfg.model[site]
-    if not name or name == cfg.attention.name:
-        return cfg.attention
-    if name not in ATTENTION_NAMES:
-        raise ConfigError(f"model.{site}={name!r}: unknown attention; allowed: \"\" (= attention), "
-                          f"{', '.join(ATTENTION_NAMES)}")
-    return attention_defaults(name)
+    """The whole attention config of one attention site, `model.<site>` (a task's sites
+    are its `Task.sites`; the LM's one site is `attention`)."""
+    attention = OmegaConf.select(cfg, f"model.{site}")
+    if not isinstance(attention, DictConfig) or "name" not in attention:
+        sites = [key for key, value in cfg.model.items() if isinstance(value, DictConfig) and "name" in value]
+        raise ValueError(f"model.{site}: not an attention site of task {cfg.task}; its sites: {', '.join(sites)}")
+    return attention
 
 
 def validate(cfg: DictConfig) -> None:
     """Range checks after `compose`; raises ConfigError naming the first bad key."""
     _check_basics(cfg)
     task = tasks.load_task(cfg.task)
-    for site, pattern in task.ATTENTION_SITES.items():
+    for site, pattern in task.sites.items():
         _check_site(cfg, site, pattern)
     task.check_config(cfg)
     if cfg.data.path and not Path(cfg.data.path).expanduser().exists():

@@ -5,6 +5,7 @@ and function docstrings, read with `ast`, so nothing is imported or executed). N
 is stored in the repository: the corpus is gathered at run time (about 3 s, under 2 MB)
 in a fixed order, and each module goes to train, validation or test by a hash of its
 path, so the split is the same on every run and does not shift when a module is added.
+The splits are named `train`, `val`, `test`, as in every task's code.
 """
 
 import ast
@@ -14,7 +15,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-SPLITS = ("train", "validation", "test")
+SPLITS = ("train", "val", "test")
 
 # Folders of the standard library that hold tests, test data or third-party code.
 _SKIPPED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages"}
@@ -68,10 +69,10 @@ def stdlib_modules() -> tuple[ModuleDocs, ...]:
 
 
 def split_of(name: str) -> str:
-    """train / validation / test for a module path: a fixed hash, about 90 / 5 / 5 %."""
+    """train / val / test for a module path: a fixed hash, about 90 / 5 / 5 %."""
     bucket = zlib.crc32(name.encode()) % 100
     if bucket < _PERCENT_VALIDATION:
-        return "validation"
+        return "val"
     if bucket < _PERCENT_VALIDATION + _PERCENT_TEST:
         return "test"
     return "train"

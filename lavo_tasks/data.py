@@ -1,4 +1,12 @@
-"""Data pieces every task shares."""
+"""Data pieces every task shares, and the seed rule.
+
+One number, `seed`, seeds a run: the runner calls `lightning.seed_everything(seed)`
+before it builds the model (so the initial weights depend on it), and whatever a
+training step draws (its batch, its dropout) comes from `step_seed(seed, step)`, so a
+resumed run repeats an uninterrupted one. Data that must not change with `seed` (an
+embedded default dataset, a fixed sample of the validation split) uses a constant of its
+own, named where it is defined.
+"""
 
 from collections.abc import Iterator
 
@@ -6,10 +14,15 @@ import torch
 from torch.utils.data import Sampler
 
 
+def step_seed(seed: int, step: int) -> int:
+    """The seed of what training step `step` draws."""
+    return seed * 1_000_003 + step
+
+
 def step_generator(seed: int, step: int) -> torch.Generator:
     """A generator that depends only on (seed, step): what a step draws is the same
     whether or not the run was stopped and resumed before it."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return torch.Generator().manual_seed(step_seed(seed, step))
 
 
 class StepBatchSampler(Sampler[list[int]]):

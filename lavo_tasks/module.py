@@ -7,6 +7,8 @@ import lightning as L
 import torch
 from omegaconf import DictConfig
 
+from .data import step_seed
+
 
 class TaskModule(L.LightningModule):
     """AdamW with linear warm-up and cosine decay (the `optim.*` keys) and the run's
@@ -35,7 +37,7 @@ class TaskModule(L.LightningModule):
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         # Dropout and any other randomness in a step depend on (seed, step) only, so a
         # resumed run repeats an uninterrupted one exactly.
-        torch.manual_seed(self.cfg.seed * 1_000_003 + self.global_step)
+        torch.manual_seed(step_seed(self.cfg.seed, self.global_step))
 
     def configure_optimizers(self):
         opt = self.cfg.optim

@@ -25,9 +25,9 @@ RUNTIME_KEYS = ("backend",)
 
 def run_attention(cfg: DictConfig) -> dict[str, dict]:
     """{site: attention config} for every attention site of the run's task model."""
-    sites = tasks.load_task(cfg.task).ATTENTION_SITES
+    sites = tasks.load_task(cfg.task).sites
     return {
-        site: OmegaConf.to_container(cfg.attention if site == "attention" else site_attention(cfg, site), resolve=True)
+        site: OmegaConf.to_container(site_attention(cfg, site), resolve=True)
         for site in sites
     }
 

@@ -1,8 +1,8 @@
 """Run a validated configuration with Lightning: train then test, or test a checkpoint.
 
-A run folder (`run.dir`) holds `config.yaml` (the resolved configuration, enough to
-rebuild the model), `checkpoints/` (`last.ckpt`, `best.ckpt` by `val_loss`),
-`metrics.jsonl` (one line per validation), `metrics.json` (the final test metrics, flat
+A run folder (`run.dir`) holds `config.yaml` (the resolved configuration) and
+`spec.json` (the data spec, see lavo_tasks.task), which together rebuild the model,
+`checkpoints/` (`last.ckpt`, `best.ckpt` by `val_loss`), `metrics.jsonl` (one line per validation), `metrics.json` (the final test metrics, flat
 `{name: number}`) with `metrics.meta.json` (which checkpoint and step, the attention of
 each site, the code version), `logs/metrics.csv` (the training log, one file across
 resumes), `artifacts/` (the loss curve, and what the task module's test hooks write) and
@@ -48,6 +48,7 @@ from .provenance import checkpoint_record, first_difference, model_identity, res
 RUN_STAMP_ENV = "LAVO_TASKS_RUN_STAMP"
 EVAL_DIR_ENV = "LAVO_TASKS_EVAL_DIR"
 MONITOR = "val_loss"  # every task logs it in validation; best.ckpt minimises it
+SPEC_FILE = "spec.json"
 CHECKPOINT_KEY = "lavo_tasks"  # a checkpoint's record of the run and model it belongs to
 
 
@@ -435,14 +436,30 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, fitting: bool) -> L.Trainer
         raise ConfigError(f"trainer: {first_line}") from None
 
 
-def build_task(cfg: DictConfig):
-    """The build order every task relies on: data first (vocabularies, channel counts,
-    ... become known), then the module."""
+def build_task(cfg: DictConfig, spec: dict | None = None):
+    """The task's DataModule and Module. The Module is built from the config and the data
+    spec alone: `spec` when given (a saved run's), else the DataModule's `spec()`, which
+    reads what it needs of the training data."""
     task = tasks.load_task(cfg.task)
     datamodule = task.DataModule(cfg)
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    return datamodule, task.Module(cfg, datamodule)
+    if spec is None:
+        spec = datamodule.spec()
+    return datamodule, task.Module(cfg, spec), spec
+
+
+def write_spec(spec: dict, run_dir: Path) -> None:
+    """spec.json, the data spec the model was built from (rank 0 only)."""
+    if rank_zero_only.rank != 0:
+        return
+    text = json.dumps(spec, indent=1) + "\n"
+    write_atomically(run_dir / SPEC_FILE, lambda f: f.write(text.encode("utf-8")))
+
+
+def read_spec(run_dir: Path) -> dict:
+    path = run_dir / SPEC_FILE
+    if not path.is_file():
+        raise ConfigError(f"run.dir={str(run_dir)!r}: no {SPEC_FILE} there (the data spec the model was built from)")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def write_results(out_dir: Path, results: list[dict], meta: dict) -> dict[str, float]:
@@ -480,10 +497,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     with held_lightning_info() as banner:
         trainer = build_trainer(cfg, run_dir, fitting=True)  # Lightning checks the trainer.* keys
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule, module = build_task(cfg)
-    # Written once the data has loaded: a run stopped by a bad data file leaves no
+    # A resumed run keeps the spec its checkpoint was built from.
+    datamodule, module, spec = build_task(cfg, read_spec(run_dir) if cfg.run.resume else None)
+    # Written once the data spec is known: a run stopped by a bad data file leaves no
     # config.yaml, so the same command works again once the file is fixed.
     write_run_config(cfg, run_dir)
+    write_spec(spec, run_dir)
     banner.release()
     stopper = next(c for c in trainer.callbacks if isinstance(c, SignalCheckpoint))
     with warnings.catch_warnings(), stopper.catching_signals():
@@ -564,7 +583,7 @@ def evaluate(cfg: DictConfig, ckpt: str, overrides: dict | None = None) -> dict[
     with held_lightning_info() as banner:
         trainer = build_trainer(cfg, run_dir, fitting=False)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule, module = build_task(cfg)
+    datamodule, module, _ = build_task(cfg, read_spec(run_dir))
     check_weights_fit(module, checkpoint, ckpt, cfg.run.dir)
     out_dir = eval_dir(run_dir, ckpt)
     module.results_dir = out_dir

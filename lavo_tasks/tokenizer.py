@@ -129,3 +129,13 @@ def build_tokenizer(data: DictConfig, train_texts: Iterable[str], run_dir: Path)
     payload = tok.to_json().encode("utf-8")
     write_atomically(saved, lambda f: f.write(payload))
     return tok
+
+
+def tokenizer_spec(tokenizer: ByteTokenizer | FileTokenizer) -> str:
+    """The tokenizer as a string for a run's spec: "byte", or its `tokenizers` JSON."""
+    return "byte" if isinstance(tokenizer, ByteTokenizer) else tokenizer.to_json()
+
+
+def tokenizer_from_spec(text: str) -> ByteTokenizer | FileTokenizer:
+    """The tokenizer `tokenizer_spec` wrote."""
+    return ByteTokenizer() if text == "byte" else FileTokenizer(Tokenizer.from_str(text))

@@ -55,7 +55,10 @@ def usage(argv: list[str] | None = None) -> str:
     task_yaml = read_yaml(f"task/{task}.yaml")
     task_yaml.pop("presets", None)
     own_keys = {path for path, _ in _leaves(task_yaml)}
-    leaves = [(path, value) for path, value in _leaves(cfg) if not path.startswith("attention.")]
+    sites = tasks.load_task(task).sites
+    site_keys = tuple(f"model.{site}." for site in sites)  # each site's whole attention config
+    leaves = [(path, value) for path, value in _leaves(cfg)
+              if not path.startswith("attention.") and not path.startswith(site_keys)]
     comments = {**key_comments("train.yaml"), **key_comments(f"task/{task}.yaml")}
     attention_lines = []
     for name in ATTENTION_NAMES:
@@ -63,8 +66,7 @@ def usage(argv: list[str] | None = None) -> str:
         keys = _key_lines([(f"attention.{k}", v) for k, v in group.items() if k != "name"],
                           key_comments(f"attention/{name}.yaml"))
         attention_lines += [f"  {name}:" + ("" if keys else " (no keys)"), *("  " + line for line in keys)]
-    site_lines = [f"  {'attention' if site == 'attention' else 'model.' + site}: {pattern} ({PATTERN_NAMES[pattern]})"
-                  for site, pattern in tasks.load_task(task).ATTENTION_SITES.items()]
+    site_lines = [f"  model.{site}: {pattern} ({PATTERN_NAMES[pattern]})" for site, pattern in sites.items()]
     return "\n".join([
         "usage: python -m lavo_tasks.train [task=NAME] [attention=NAME] [key=value ...]",
         "",
@@ -76,7 +78,8 @@ def usage(argv: list[str] | None = None) -> str:
         f"task {task}: keys of configs/task/{task}.yaml (defaults):",
         *_key_lines([leaf for leaf in leaves if leaf[0] in own_keys], comments),
         "",
-        f"attention sites of {task} (each takes the attention=NAME group unless its model key names another):",
+        f"attention sites of {task} (attention=NAME sets every site, model.SITE=NAME one site, "
+        "model.SITE.KEY=VALUE one key of it):",
         *site_lines,
         "",
         f"attentions (attention=NAME, default {DEFAULT_ATTENTION}):",
@@ -87,6 +90,7 @@ def usage(argv: list[str] | None = None) -> str:
         "",
         "examples:",
         "  python -m lavo_tasks.train task=lm attention=gsa attention.slots=32 trainer.max_steps=100",
+        "  python -m lavo_tasks.train task=tsf model.cross_attention=lavo model.cross_attention.window=64",
         "  python -m lavo_tasks.train run.dir=runs/lm/my-run run.resume=last",
         "",
         "run.resume=last continues a stopped run from checkpoints/last.ckpt exactly as if it had",

@@ -27,18 +27,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def register_task(monkeypatch):
-    """`register_task(name, module, yaml_text)`: make a task defined inside a test known
-    to the task loader and the config composer, for this test only."""
-    import lavo_tasks.config
+    """`register_task(task, yaml_text)`: make a `lavo_tasks.task.Task` defined inside a
+    test known to the task registry (and so to the config composer), for this test only.
+    (tests/test_train_cli.py registers one from a folder, as a user would.)"""
     import lavo_tasks.tasks
-    from omegaconf import OmegaConf
 
-    def register(name, module, yaml_text):
+    def register(task, yaml_text):
         real_names, real_load = lavo_tasks.tasks.task_names, lavo_tasks.tasks.load_task
-        real_yaml = lavo_tasks.config.task_yaml
-        monkeypatch.setattr(lavo_tasks.tasks, "task_names", lambda: sorted([*real_names(), name]))
-        monkeypatch.setattr(lavo_tasks.tasks, "load_task", lambda n: module if n == name else real_load(n))
-        monkeypatch.setattr(lavo_tasks.config, "task_yaml",
-                            lambda n: OmegaConf.create(yaml_text) if n == name else real_yaml(n))
+        real_yaml = lavo_tasks.tasks.task_yaml_text
+        monkeypatch.setattr(lavo_tasks.tasks, "task_names", lambda: sorted([*real_names(), task.name]))
+        monkeypatch.setattr(lavo_tasks.tasks, "load_task", lambda n: task if n == task.name else real_load(n))
+        monkeypatch.setattr(lavo_tasks.tasks, "task_yaml_text", lambda n: yaml_text if n == task.name else real_yaml(n))
 
     return register

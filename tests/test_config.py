@@ -7,8 +7,8 @@ traceback and nothing written.
 
 import subprocess
 import sys
-import types
 
+import lightning as L
 import pytest
 from omegaconf import OmegaConf
 
@@ -17,6 +17,8 @@ import lavo_tasks.tasks
 from lavo_tasks import train
 from lavo_tasks.config import compose, site_attention, validate
 from lavo_tasks.errors import ConfigError
+from lavo_tasks.module import TaskModule
+from lavo_tasks.task import Task
 
 # A task of the encoder-decoder kind, with a preset, defined here so these tests do not
 # depend on a real task's sizes.
@@ -48,13 +50,20 @@ def check_toy_config(cfg):
         raise ConfigError(f"data.seq_len={cfg.data.seq_len}: must be >= 4")
 
 
+TOY_SITES = {"encoder_attention": "NS", "decoder_attention": "CS", "cross_attention": "NC"}
+
+
 @pytest.fixture
 def toy_task(register_task):
-    module = types.SimpleNamespace(
-        check_config=check_toy_config,
-        ATTENTION_SITES={"encoder_attention": "NS", "decoder_attention": "CS", "cross_attention": "NC"},
-    )
-    register_task("toy", module, TOY_YAML)
+    # Only the config is exercised here: the data and module classes are never built.
+    register_task(Task(name="toy", DataModule=L.LightningDataModule, Module=TaskModule,
+                       check_config=check_toy_config, sites=TOY_SITES), TOY_YAML)
+
+
+def attention_yaml(name):
+    """configs/attention/<name>.yaml's group as a plain dict, read here with OmegaConf."""
+    path = lavo_tasks.config.resources.files("lavo_tasks.configs") / f"attention/{name}.yaml"
+    return OmegaConf.to_container(OmegaConf.load(str(path)).attention)
 
 
 def error_of(args):
@@ -70,7 +79,8 @@ def test_layers_in_order(toy_task):
     assert cfg.task == "toy"
     assert cfg.data.seq_len == 12 and cfg.data.batch_size == 16       # CLI over task over train.yaml
     assert cfg.trainer.max_steps == 5 and cfg.trainer.val_check_interval == 50
-    assert cfg.attention.name == "gsa" and cfg.attention.slots == 5 and cfg.attention.tau == 8.0
+    for site in TOY_SITES:
+        assert OmegaConf.to_container(cfg.model[site]) == {**attention_yaml("gsa"), "slots": 5}
     assert cfg.optim.lr == 0.5
     assert "presets" not in cfg
     validate(cfg)
@@ -79,7 +89,8 @@ def test_layers_in_order(toy_task):
 def test_defaults_select_the_softmax_attention_and_the_task_of_train_yaml():
     cfg = compose([])
     assert cfg.task == OmegaConf.load(lavo_tasks.config.resources.files("lavo_tasks.configs") / "train.yaml").task
-    assert OmegaConf.to_container(cfg.attention) == {"name": "softmax"}
+    assert OmegaConf.to_container(cfg.model.attention) == {"name": "softmax"}  # the LM's one site
+    assert "attention" not in cfg  # every attention config lives at its site
 
 
 def test_values_take_the_type_of_their_default(toy_task):
@@ -112,17 +123,49 @@ def test_a_preset_may_only_set_existing_keys(toy_task, monkeypatch):
     assert message.startswith("unknown key 'model.n_layer' (presets.big.model.n_layer in configs/task/toy.yaml)")
 
 
-def test_site_attention(toy_task):
-    cfg = compose(["task=toy", "attention=lavo", "attention.window=4", "model.cross_attention=gsa",
-                   "model.decoder_attention=lavo"])
-    assert site_attention(cfg, "encoder_attention") == cfg.attention          # "" -> the attention group
-    assert site_attention(cfg, "decoder_attention").window == 4               # same name: the CLI's keys
-    cross = site_attention(cfg, "cross_attention")
-    assert OmegaConf.to_container(cross) == OmegaConf.to_container(
-        OmegaConf.load(lavo_tasks.config.resources.files("lavo_tasks.configs") / "attention/gsa.yaml").attention)
-    cfg = compose(["task=toy", "model.cross_attention=flash"])
-    with pytest.raises(ConfigError, match=r"model.cross_attention='flash': unknown attention; allowed: "):
-        site_attention(cfg, "cross_attention")
+def test_each_site_holds_its_whole_attention_config(toy_task):
+    cfg = compose(["task=toy", "model.cross_attention.slots=7", "attention=lavo", "attention.window=4",
+                   "model.cross_attention=gsa", "model.decoder_attention.rank=2"])
+    # attention= sets every site, model.<site>= one (wherever it stands among the arguments),
+    # attention.KEY the sites of attention=, model.<site>.KEY one site.
+    lavo = attention_yaml("lavo")
+    assert OmegaConf.to_container(cfg.model.encoder_attention) == {**lavo, "window": 4}
+    assert OmegaConf.to_container(cfg.model.decoder_attention) == {**lavo, "window": 4, "rank": 2}
+    assert OmegaConf.to_container(cfg.model.cross_attention) == {**attention_yaml("gsa"), "slots": 7}
+    assert site_attention(cfg, "cross_attention") == cfg.model.cross_attention
+    with pytest.raises(ValueError, match=r"model.memory: not an attention site of task toy; its sites: "
+                                         r"encoder_attention, decoder_attention, cross_attention"):
+        site_attention(cfg, "memory")
+
+
+def test_the_task_yaml_may_name_a_sites_default(toy_task, monkeypatch):
+    named = TOY_YAML.replace('  cross_attention: ""', "  cross_attention: lavo")
+    monkeypatch.setattr(lavo_tasks.tasks, "task_yaml_text", lambda name: named)
+    cfg = compose(["task=toy"])
+    assert cfg.model.cross_attention.name == "lavo" and cfg.model.encoder_attention.name == "softmax"
+    assert compose(["task=toy", "attention=gsa"]).model.cross_attention.name == "gsa"  # attention= sets every site
+    assert compose(["task=toy", "model.cross_attention="]).model.cross_attention.name == "softmax"
+
+
+def test_a_later_argument_wins_at_a_site(toy_task):
+    cfg = compose(["task=toy", "attention=lavo", "model.encoder_attention.window=6", "attention.window=10"])
+    assert cfg.model.encoder_attention.window == 10 and cfg.model.decoder_attention.window == 10
+    cfg = compose(["task=toy", "attention=lavo", "attention.window=10", "model.encoder_attention.window=6"])
+    assert cfg.model.encoder_attention.window == 6 and cfg.model.decoder_attention.window == 10
+
+
+def test_a_task_declares_its_sites_with_patterns():
+    with pytest.raises(ValueError, match=r"site 'cross' has pattern 'XX'; allowed: CS, NS, CC, NC"):
+        Task(name="bad", DataModule=L.LightningDataModule, Module=TaskModule, check_config=print,
+             sites={"cross": "XX"})
+    with pytest.raises(ValueError, match="at least one attention site"):
+        Task(name="bad", DataModule=L.LightningDataModule, Module=TaskModule, check_config=print, sites={})
+    task = Task(name="ok", DataModule=L.LightningDataModule, Module=TaskModule, check_config=print,
+                sites={"attention": "CS"})
+    with pytest.raises(TypeError):
+        task.sites["other"] = "NS"  # frozen, its sites too
+    assert lavo_tasks.tasks.load_task("tsf").sites == TOY_SITES
+    assert lavo_tasks.tasks.load_task("lm").sites == {"attention": "CS"}
 
 
 CONFIG_ERRORS = [
@@ -139,8 +182,34 @@ CONFIG_ERRORS = [
     (["task=toy", "model=3"], "model='3': model is a group of keys; set one of them, e.g. model.preset=..."),
     (["task=toy", "attention.name=gsa"], "attention.name='gsa': choose the attention with attention=NAME"),
     (["task=toy", "trainer.max_steps"], "argument 'trainer.max_steps': expected key=value"),
-    (["task=toy", "attention=local", "attention.window=0"], "attention.window=0"),
-    (["task=toy", "attention=lavo", "attention.rank=9"], "attention.rank=9"),       # head dim 32 / 4 = 8
+    (["task=toy", "attention=local", "attention.window=0"], "model.encoder_attention.window=0: must be an integer >= 1"),
+    (["task=toy", "attention=lavo", "attention.rank=9"], "model.encoder_attention.rank=9"),  # head dim 32 / 4 = 8
+    (["task=toy", "model.cross_attention=lavo", "model.cross_attention.window=0"],
+     "model.cross_attention.window=0: must be an integer >= 1"),
+    (["task=toy", "attention=lavo", "model.encoder_attention.window=5"],
+     "model.encoder_attention.window=5: must be even for noncausal self-attention (NS)"),
+    (["task=toy", "model.cross_attention=local"],
+     "model.cross_attention=local: attention 'local' does not support noncausal cross-attention (NC), which this "
+     "site needs; it supports: CS (causal self-attention), NS (noncausal self-attention); "
+     "set model.cross_attention to another attention"),
+    (["task=toy", "model.cross_attention.windw=3", "model.cross_attention=lavo"],
+     "unknown key 'model.cross_attention.windw': model.cross_attention is attention lavo; its keys: window, rank, "
+     "basis, cross_segments, backend"),
+    (["task=toy", "model.cross_attention.window=3"],
+     "unknown key 'model.cross_attention.window': model.cross_attention is attention softmax; it has no keys to set"),
+    (["task=toy", "model.memory.window=3"],
+     "unknown attention site 'model.memory' of task toy; its sites: model.encoder_attention, "
+     "model.decoder_attention, model.cross_attention"),
+    (["task=toy", "model.cross_attenton.window=3"], "unknown attention site 'model.cross_attenton' of task toy "
+                                                   "(did you mean model.cross_attention?); its sites: "),
+    (["task=toy", "model.cross_attention.name=gsa"],
+     "model.cross_attention.name='gsa': choose a site's attention with model.cross_attention=NAME"),
+    (["task=toy", "attention=lavo", "model.encoder_attention=gsa", "model.decoder_attention=gsa",
+      "model.cross_attention=gsa", "attention.window=8"],
+     "attention.window='8': no site uses attention=lavo (model.encoder_attention=gsa, model.decoder_attention=gsa, "
+     "model.cross_attention=gsa); set model.<site>.window=... instead"),
+    (["task=toy", "model.cross_attention=lavo", "model.cross_attention.window=ten"],
+     "model.cross_attention.window='ten': expected an integer (default 32)"),
     (["task=toy", "data.path=/no/such/corpus"], "data.path='/no/such/corpus': no such file or folder"),
     (["task=toy", "trainer.max_steps=0"], "trainer.max_steps=0: must be >= 1"),
     (["task=toy", "optim.lr=0"], "optim.lr=0: must be > 0"),
@@ -160,7 +229,7 @@ def test_cli_prints_one_line_and_builds_nothing(toy_task, tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert train.main(["task=toy", f"run.dir={run_dir}", "attention=local", "attention.window=0"]) == 2
     captured = capsys.readouterr()
-    assert captured.err.startswith("error: attention.window=0") and captured.err.count("\n") == 1
+    assert captured.err.startswith("error: model.encoder_attention.window=0") and captured.err.count("\n") == 1
     assert captured.out == "" and not run_dir.exists()
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lavo_tasks.attention import ATTENTION_NAMES
-from lavo_tasks.config import compose, validate
+from lavo_tasks.config import compose, site_attention, validate
 from lavo_tasks.corpus import SPLITS, stdlib_modules, stdlib_splits
 from lavo_tasks.errors import ConfigError, DataError
 from lavo_tasks.tasks import lm
@@ -74,7 +74,7 @@ def test_stdlib_corpus_is_deterministic_english_and_split():
     names = [m.name for split in SPLITS for m in splits[split]]
     assert sorted(names) == sorted(m.name for m in first) and len(set(names)) == len(names)
     chars = {split: sum(len(m.text) for m in splits[split]) for split in SPLITS}
-    assert chars["train"] > 500_000 and chars["validation"] > 20_000 and chars["test"] > 20_000
+    assert chars["train"] > 500_000 and chars["val"] > 20_000 and chars["test"] > 20_000
     assert sum(chars.values()) < 5_000_000
     words = " ".join(m.text for m in splits["test"]).lower().split()
     assert words.count("the") / len(words) > 0.02  # English prose, not code
@@ -107,7 +107,7 @@ def test_pg19_layout_reads_books_in_name_order(tmp_path):
     write(tmp_path / "validation" / "v.txt", "valid")
     write(tmp_path / "test" / "t.txt", "test")
     docs = read_all(tmp_path)
-    assert docs == {"train": ["first book", "second book é"], "validation": ["valid"], "test": ["test"]}
+    assert docs == {"train": ["first book", "second book é"], "val": ["valid"], "test": ["test"]}  # code's split names
 
 
 def test_plain_layout_and_token_streams(tmp_path):
@@ -166,7 +166,7 @@ def test_lm_splits_come_from_the_cache_and_later_runs_do_not_read_the_texts(tmp_
     cache = tmp_path / "shared_tokens"
     first = lm.DataModule(tiny_cfg(tmp_path / "run1", "softmax", f"data.path={corpus}", f"data.token_cache={cache}"))
     first.setup("fit")
-    assert sorted(p.name.split("-")[0] for p in cache.glob("*.bin")) == ["test", "train", "validation"]
+    assert sorted(p.name.split("-")[0] for p in cache.glob("*.bin")) == ["test", "train", "val"]
     assert first.streams["train"].tolist() == byte_stream((corpus / "train.txt").read_text())
 
     def no_reading(path):
@@ -175,8 +175,19 @@ def test_lm_splits_come_from_the_cache_and_later_runs_do_not_read_the_texts(tmp_
     monkeypatch.setattr(lm.data, "read_text", no_reading)
     second = lm.DataModule(tiny_cfg(tmp_path / "run2", "softmax", f"data.path={corpus}", f"data.token_cache={cache}"))
     second.setup("fit")
-    for split in ("train", "validation", "test"):
+    for split in ("train", "val", "test"):
         assert torch.equal(second.streams[split].tensor, first.streams[split].tensor)
+
+
+def test_lm_spec_and_a_test_stage_that_reads_only_the_test_split(tmp_path, monkeypatch):
+    corpus = small_corpus(tmp_path / "corpus")
+    spec = lm.DataModule(tiny_cfg(tmp_path, "softmax", f"data.path={corpus}")).spec()
+    assert spec == {"vocab_size": 257, "tokenizer": "byte"}
+    read, real_read = [], lm.data.read_text
+    monkeypatch.setattr(lm.data, "read_text", lambda path: read.append(path.name) or real_read(path))
+    dm = lm.DataModule(tiny_cfg(tmp_path / "later", "softmax", f"data.path={corpus}"))  # a cache of its own
+    dm.setup("test")  # what evaluate asks for
+    assert read == ["test.txt"] and set(dm.streams) == {"test"}
 
 
 def test_lm_default_cache_is_in_the_run_folder_and_bad_text_names_the_file(tmp_path):
@@ -202,8 +213,8 @@ def test_layout_errors_name_what_is_wrong(tmp_path):
                                         r"valid.txt test.txt; found: train.txt"):
         read_all(tmp_path)
     pg = tmp_path / "pg"
-    for split in SPLITS:
-        (pg / split).mkdir(parents=True)
+    for folder in ("train", "validation", "test"):  # PG-19's folder names (the code's splits: train, val, test)
+        (pg / folder).mkdir(parents=True)
     write(pg / "train" / "x.txt", "text")
     with pytest.raises(DataError, match=r"pg/validation: no .txt books"):
         read_all(pg)
@@ -245,7 +256,7 @@ def test_too_short_test_split_is_a_clear_error(tmp_path):
 def tiny_model(tmp_path, attention):
     torch.manual_seed(0)
     cfg = tiny_cfg(tmp_path, attention)
-    model = LanguageModel(257, cfg.model, cfg.attention).double().eval()
+    model = LanguageModel(257, cfg.model, site_attention(cfg, "attention")).double().eval()
     with torch.no_grad():  # a wider spread of logits than at init: argmax ties are not an issue
         model.embed.weight.normal_(0, 1.0)
     return model
@@ -340,7 +351,7 @@ def test_module_trains_and_reports_token_weighted_perplexities(tmp_path):
                     "optim.lr=0.01", "optim.warmup_steps=2")
     dm = lm.DataModule(cfg)
     dm.setup("fit")
-    module = lm.Module(cfg, dm)
+    module = lm.Module(cfg, dm.spec())
     trainer = L.Trainer(max_steps=30, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     before = trainer.validate(module, dm, verbose=False)[0]["val_ppl"]
@@ -348,7 +359,7 @@ def test_module_trains_and_reports_token_weighted_perplexities(tmp_path):
     metrics = trainer.validate(module, dm, verbose=False)[0]
     module.model.eval()
     # 13 blocks of 8 in batches of 4, 4, 4, 1: the logged value weighs every token the same
-    assert metrics["val_ppl"] == pytest.approx(independent_ppl(module.model, dm.streams["validation"], 8), rel=1e-4)
+    assert metrics["val_ppl"] == pytest.approx(independent_ppl(module.model, dm.streams["val"], 8), rel=1e-4)
     assert metrics["val_loss"] == pytest.approx(math.log(metrics["val_ppl"]), rel=1e-5)
     assert metrics["val_ppl"] < 0.25 * before  # it learns
 

@@ -6,6 +6,7 @@ Most checks use the tiny task of test_train_cli (seconds per run).
 """
 
 import csv
+import dataclasses
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ import pandas as pd
 import pytest
 import torch
 from omegaconf import OmegaConf
-from test_train_cli import TRAIN_LOADER_STARTS, TinyModule, read_jsonl, tiny_task, train_until_crash  # noqa: F401
+from test_train_cli import TINY_YAML, TRAIN_LOADER_STARTS, TinyModule, read_jsonl, tiny_task, train_until_crash  # noqa: F401
 
 import lavo_tasks.config
 import lavo_tasks.runner
@@ -99,17 +100,17 @@ def test_a_signal_in_the_last_step_finishes_training_and_skips_the_test(tiny_tas
 
 
 DRIVER = """
-import sys, time, types
+import sys, time
 sys.path.insert(0, {tests!r})
-import lavo_tasks.config, lavo_tasks.tasks
-from omegaconf import OmegaConf
+import lavo_tasks.tasks
+from lavo_tasks.task import Task
 import test_train_cli as tiny
-task = types.SimpleNamespace(DataModule=tiny.TinyData, Module=tiny.TinyModule, check_config=tiny.check_tiny_config,
-                             ATTENTION_SITES={{"attention": "CS"}})
-names, load, task_yaml = lavo_tasks.tasks.task_names, lavo_tasks.tasks.load_task, lavo_tasks.config.task_yaml
+task = Task(name="tiny", DataModule=tiny.TinyData, Module=tiny.TinyModule, check_config=tiny.check_tiny_config,
+            sites={{"attention": "CS"}})
+names, load, task_yaml = lavo_tasks.tasks.task_names, lavo_tasks.tasks.load_task, lavo_tasks.tasks.task_yaml_text
 lavo_tasks.tasks.task_names = lambda: sorted([*names(), "tiny"])
 lavo_tasks.tasks.load_task = lambda n: task if n == "tiny" else load(n)
-lavo_tasks.config.task_yaml = lambda n: OmegaConf.create(tiny.TINY_YAML) if n == "tiny" else task_yaml(n)
+lavo_tasks.tasks.task_yaml_text = lambda n: tiny.TINY_YAML if n == "tiny" else task_yaml(n)
 # Steps of at least 20 ms, so that the signal comes while training runs.
 tiny.TinyModule.on_train_batch_end = lambda self, *args: time.sleep(0.02)
 from lavo_tasks import train
@@ -199,8 +200,8 @@ class DeclaringModule(TinyModule):
     METRIC_VALUES = {"test_loss": "scaled", "test_acc": "unscaled"}
 
 
-def test_metrics_meta_records_checkpoint_attention_and_code(tiny_task, tmp_path, monkeypatch):
-    monkeypatch.setattr(lavo_tasks.tasks.load_task("tiny"), "Module", DeclaringModule)
+def test_metrics_meta_records_checkpoint_attention_and_code(tiny_task, tmp_path, register_task):
+    register_task(dataclasses.replace(lavo_tasks.tasks.load_task("tiny"), Module=DeclaringModule), TINY_YAML)
     run_dir = tmp_path / "run"
     metrics = train.run(["task=tiny", "attention=lavo", "attention.window=6", "attention.rank=4", f"run.dir={run_dir}",
                          "trainer.max_steps=4"])
@@ -235,7 +236,7 @@ def test_evaluate_test_time_keys(tiny_task, tmp_path, capsys):
     assert OmegaConf.load(run_dir / "config.yaml").data.path == ""  # the run's config is unchanged
 
     # Reference: the checkpoint's weights on the test rows (32..63: two batches of 16) of the file.
-    net = TinyModule(OmegaConf.load(run_dir / "config.yaml"), None).net
+    net = TinyModule(OmegaConf.load(run_dir / "config.yaml"), json.loads((run_dir / "spec.json").read_text())).net
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     net.load_state_dict({k.removeprefix("net."): v for k, v in state.items()})
     net.eval()  # no dropout
@@ -348,10 +349,10 @@ def test_validation_metrics_are_logged_with_sync_dist(tiny_task, tmp_path, monke
 
 def test_value_errors_carry_no_attention_hint_and_pattern_errors_do():
     value_errors = [
-        (["attention=lavo", "attention.window=-8"], "attention.window=-8: must be an integer >= 1"),
+        (["attention=lavo", "attention.window=-8"], "model.encoder_attention.window=-8: must be an integer >= 1"),
         (["attention=lavo", "model.n_heads=3"], "model.n_heads=3: must be >= 1 and divide model.d_model=64"),
-        (["attention=gsa", "attention.slots=0"], "attention.slots=0: must be an integer >= 1"),
-        (["attention=lavo", "attention.basis=foo"], "attention.basis='foo': allowed learned, fixed"),
+        (["attention=gsa", "attention.slots=0"], "model.encoder_attention.slots=0: must be an integer >= 1"),
+        (["attention=lavo", "attention.basis=foo"], "model.encoder_attention.basis='foo': allowed learned, fixed"),
     ]
     for args, message in value_errors:
         with pytest.raises(lavo_tasks.errors.ConfigError) as info:

@@ -13,6 +13,9 @@ from lavo_tasks.tokenizer import (
     ByteTokenizer,
     build_tokenizer,
     check_tokenizer_keys,
+    tokenizer_from_spec,
+    tokenizer_spec,
+    train_bpe,
 )
 
 SAMPLE = "Grüße, naïve café — ok?\n\tTabs, 😀 emoji and  two spaces."
@@ -92,3 +95,13 @@ def test_bad_tokenizer_keys_name_the_key(tmp_path):
     check_tokenizer_keys(data_keys(str(broken)))  # exists, so the key check passes ...
     with pytest.raises(ConfigError, match=r"data.tokenizer=.*broken.json.*not a readable tokenizer.json"):
         build_tokenizer(data_keys(str(broken)), [], tmp_path / "run")  # ... reading it does not
+
+
+def test_a_tokenizer_survives_a_runs_spec():
+    texts = ["the quick brown fox jumps over the lazy dog. " * 20, "a lazy dog and a quick fox. " * 10]
+    bpe = train_bpe(texts, 300)
+    again = tokenizer_from_spec(json.loads(json.dumps(tokenizer_spec(bpe))))  # as spec.json stores it
+    sample = "the lazy fox, quick as a dog"
+    assert again.encode(sample) == bpe.encode(sample) and again.decode(bpe.encode(sample)) == sample
+    assert (again.vocab_size, again.eos_id) == (bpe.vocab_size, bpe.eos_id)
+    assert tokenizer_spec(ByteTokenizer()) == "byte" and isinstance(tokenizer_from_spec("byte"), ByteTokenizer)

@@ -6,10 +6,14 @@ a fixed random token table), so the resume and evaluate checks cost seconds.
 
 import csv
 import json
+import math
+import os
 import re
+import shutil
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -25,6 +29,7 @@ from lavo_tasks import evaluate, train
 from lavo_tasks.data import StepBatchSampler
 from lavo_tasks.errors import ConfigError, DataError
 from lavo_tasks.module import TaskModule
+from lavo_tasks.task import Task
 
 TINY_YAML = """
 data:
@@ -44,6 +49,7 @@ trainer:
 
 # The global step each training dataloader was built at, in order (one entry per fit).
 TRAIN_LOADER_STARTS: list[int] = []
+SPEC_CALLS: list[int] = []  # one entry per TinyData.spec() call
 
 
 def read_pairs(path):
@@ -70,6 +76,10 @@ class TinyData(L.LightningDataModule):
         targets = (3 * inputs + torch.randint(2, (cfg.data.n_items,), generator=g)) % cfg.data.vocab
         self.table = torch.stack([inputs, targets], dim=1)
 
+    def spec(self):
+        SPEC_CALLS.append(1)
+        return {"vocab_size": int(self.table.max()) + 1}
+
     def train_dataloader(self):
         start = self.trainer.global_step
         TRAIN_LOADER_STARTS.append(start)
@@ -84,9 +94,9 @@ class TinyData(L.LightningDataModule):
 
 
 class TinyModule(TaskModule):
-    def __init__(self, cfg, datamodule):
+    def __init__(self, cfg, spec):
         super().__init__(cfg)
-        vocab, width = cfg.data.vocab, cfg.model.d_model
+        vocab, width = spec["vocab_size"], cfg.model.d_model
         self.net = nn.Sequential(nn.Embedding(vocab, width), nn.Dropout(cfg.model.dropout), nn.Linear(width, vocab))
 
     def loss(self, batch):
@@ -118,10 +128,11 @@ def check_tiny_config(cfg):
 
 @pytest.fixture
 def tiny_task(register_task):
-    module = types.SimpleNamespace(DataModule=TinyData, Module=TinyModule, check_config=check_tiny_config,
-                                   ATTENTION_SITES={"attention": "CS"})
-    register_task("tiny", module, TINY_YAML)
+    task = Task(name="tiny", DataModule=TinyData, Module=TinyModule, check_config=check_tiny_config,
+                sites={"attention": "CS"})
+    register_task(task, TINY_YAML)
     TRAIN_LOADER_STARTS.clear()
+    SPEC_CALLS.clear()
 
 
 def read_jsonl(path):
@@ -134,7 +145,8 @@ def test_train_writes_the_run_folder(tiny_task, tmp_path):
 
     saved = OmegaConf.load(run_dir / "config.yaml")
     assert saved.task == "tiny" and saved.run.dir == str(run_dir) and saved.trainer.max_steps == 7
-    assert saved.attention.name == "softmax" and saved.run.resume == ""
+    assert OmegaConf.to_container(saved.model.attention) == {"name": "softmax"} and saved.run.resume == ""
+    assert json.loads((run_dir / "spec.json").read_text()) == {"vocab_size": 11}
     # Validation at steps 3 and 6, and at 7, where training ends between two intervals.
     lines = read_jsonl(run_dir / "metrics.jsonl")
     assert [line["step"] for line in lines] == [3, 6, 7]
@@ -264,7 +276,9 @@ def test_evaluate_reproduces_the_test_metrics(tiny_task, tmp_path):
     weights = (run_dir / "artifacts" / "weights.txt").read_text()
     run_files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
 
+    assert SPEC_CALLS == [1]
     assert evaluate.main([f"run.dir={run_dir}"]) == 0
+    assert SPEC_CALLS == [1]  # the model came from the saved spec.json, not from the data
     folder = only_eval_dir(run_dir)
     assert re.fullmatch(r"last-\d{8}-\d{6}", folder.name)
     assert json.loads((folder / "metrics.json").read_text()) == trained
@@ -435,3 +449,84 @@ def test_lm_ddp_on_two_processes_trains_like_one(tmp_path):
         torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-6)
     assert json.loads((tmp_path / "two" / "metrics.json").read_text()).keys() == {
         "test_ppl", "test_ppl_2x", "test_ppl_4x", "test_ppl_8x"}
+
+
+# --- a task added as the README's "Adding a task" says, from a folder on LAVO_TASKS_PATH
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_task_files() -> dict[str, str]:
+    """The README's "Adding a task" example: {path: text} of its code blocks whose first
+    line is `# <path>`."""
+    section = README.read_text().split("\n## Adding a task\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(?:python|yaml)\n(.*?)```", section, flags=re.S)
+    return {block.partition("\n")[0].removeprefix("# "): block for block in blocks}
+
+
+def attention_yaml(name):
+    path = lavo_tasks.config.resources.files("lavo_tasks.configs") / f"attention/{name}.yaml"
+    return OmegaConf.to_container(OmegaConf.load(str(path)).attention)
+
+
+def test_the_readme_task_trains_from_a_folder_and_its_run_outlives_the_yaml_defaults(tmp_path, monkeypatch):
+    files = readme_task_files()
+    assert set(files) == {"tasks/count/__init__.py", "configs/task/count.yaml"}  # one folder, one YAML file
+    root = tmp_path / "my-tasks"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "lavo_tasks.train", "task=count", "attention=local", f"run.dir={run_dir}",
+         "trainer.max_steps=30", "trainer.val_check_interval=10", "optim.warmup_steps=5", "optim.lr=0.01",
+         "trainer.enable_progress_bar=false"],
+        env={**os.environ, "LAVO_TASKS_PATH": str(root)}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert set(metrics) == {"test_loss", "test_uniform_loss"}
+    assert metrics["test_uniform_loss"] == pytest.approx(math.log(16))
+    assert metrics["test_loss"] < 0.5 * metrics["test_uniform_loss"]  # it learned to count
+    assert json.loads((run_dir / "spec.json").read_text()) == {"vocab_size": 16}
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    assert OmegaConf.to_container(saved.model.attention) == attention_yaml("local")  # the site's whole config
+
+    # The installed default of the site's attention changes after the run: a config
+    # composed now has it, the saved run does not, and evaluate reproduces the run.
+    monkeypatch.setenv("LAVO_TASKS_PATH", str(root))
+    real_read = lavo_tasks.config.read_yaml
+
+    def read_changed(path):
+        cfg = real_read(path)
+        if path == "attention/local.yaml":
+            cfg.attention.window = 2
+        return cfg
+
+    monkeypatch.setattr(lavo_tasks.config, "read_yaml", read_changed)
+    assert lavo_tasks.config.compose(["task=count", "attention=local"]).model.attention.window == 2
+    assert evaluate.run([f"run.dir={run_dir}"]) == metrics
+    # The same weights under the window composed now are another model, which evaluate
+    # refuses: the saved site config is what made it exact.
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    saved.model.attention.window = 2
+    (other / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    with pytest.raises(ConfigError, match=r"whose attention\.attention\.window is 32; .* has 2"):
+        evaluate.run([f"run.dir={other}"])
+
+
+def test_an_unknown_task_or_a_task_without_its_package_is_one_line(tmp_path, monkeypatch, capsys):
+    root = tmp_path / "my-tasks"
+    (root / "configs" / "task").mkdir(parents=True)
+    (root / "configs" / "task" / "ghost.yaml").write_text("model:\n  attention: ''\n")
+    monkeypatch.setenv("LAVO_TASKS_PATH", str(root))
+    assert "ghost" in lavo_tasks.tasks.task_names()
+    assert train.main(["task=ghost", f"run.dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: task='ghost': configs/task/ghost.yaml exists but no package lavo_tasks.tasks.ghost "
+                   "(a folder tasks/ghost/ with an __init__.py)\n")
+    (root / "tasks" / "ghost").mkdir(parents=True)
+    (root / "tasks" / "ghost" / "__init__.py").write_text("TASK = None\n")
+    assert train.main(["task=ghost", f"run.dir={tmp_path / 'run'}"]) == 2
+    assert capsys.readouterr().err == ("error: task='ghost': lavo_tasks.tasks.ghost must export "
+                                       "TASK = lavo_tasks.task.Task(name='ghost', ...)\n")

@@ -103,7 +103,7 @@ def test_module_test_figures(tmp_path):
     dm.prepare_data()
     dm.setup("fit")
     torch.manual_seed(0)
-    module = TSFModule(cfg, dm)
+    module = TSFModule(cfg, dm.spec())
     trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
     figures = trainer.test(module, datamodule=dm, verbose=False)[0]
 
@@ -147,7 +147,7 @@ def test_forecast_uses_only_known_steps(tmp_path, mode, n_outputs):
     dm = TSFDataModule(cfg)
     dm.prepare_data()
     dm.setup("fit")
-    module = TSFModule(cfg, dm).eval()
+    module = TSFModule(cfg, dm.spec()).eval()
     batch = next(iter(dm.test_dataloader()))
     prediction, truth = module.forecast(batch)
     assert prediction.shape == truth.shape == (32, 4, n_outputs)

@@ -10,24 +10,26 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lavo_tasks.errors import ConfigError
+from lavo_tasks.task import Task
 from lavo_tasks.tokenizer import check_tokenizer_keys
 
 from .data import LMDataModule as DataModule
-from .data import split_files
+from .data import TEST_LENGTH_FACTORS, split_files
 from .module import LMModule as Module
 
 MIN_SEQ_LEN = 8
-ATTENTION_SITES = {"attention": "CS"}  # decoder-only: causal self-attention
 
 
 def check_config(cfg: DictConfig) -> None:
     """ConfigError naming the first LM key out of range."""
+    longest = max(TEST_LENGTH_FACTORS) * cfg.data.seq_len
     rules = [
         ("data.seq_len", cfg.data.seq_len >= MIN_SEQ_LEN, f">= {MIN_SEQ_LEN}"),
         ("model.n_layers", cfg.model.n_layers >= 1, ">= 1"),
         ("model.d_ff", cfg.model.d_ff >= 1, ">= 1"),
         ("model.dropout", 0 <= cfg.model.dropout < 1, "in [0, 1)"),
-        ("generate.prompt_tokens", cfg.generate.prompt_tokens >= 1, ">= 1"),
+        ("generate.prompt_tokens", 1 <= cfg.generate.prompt_tokens <= longest + 1,
+         f"in [1, {longest + 1}] (the prompt is the start of the test split's first {max(TEST_LENGTH_FACTORS)}x block)"),
         ("generate.max_new_tokens", cfg.generate.max_new_tokens >= 1, ">= 1"),
         ("generate.temperature", cfg.generate.temperature >= 0, ">= 0 (0: greedy)"),
         ("generate.top_k", cfg.generate.top_k >= 0, ">= 0 (0: the whole vocabulary)"),
@@ -42,4 +44,7 @@ def check_config(cfg: DictConfig) -> None:
         split_files(Path(cfg.data.path))  # the layout, before any work; files are read later
 
 
-__all__ = ["ATTENTION_SITES", "DataModule", "Module", "check_config"]
+# Decoder-only: one site, `model.attention`, the causal self-attention of every layer.
+TASK = Task(name="lm", DataModule=DataModule, Module=Module, check_config=check_config, sites={"attention": "CS"})
+
+__all__ = ["TASK", "DataModule", "Module", "check_config"]

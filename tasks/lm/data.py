@@ -28,10 +28,12 @@ from lavo_tasks.corpus import SPLITS, stdlib_splits
 from lavo_tasks.data import StepBatchSampler
 from lavo_tasks.errors import DataError
 from lavo_tasks.token_cache import MappedStream, cached_token_stream, file_source, text_source
-from lavo_tasks.tokenizer import build_tokenizer
+from lavo_tasks.tokenizer import build_tokenizer, tokenizer_spec
 
 TEST_LENGTH_FACTORS = (1, 2, 4, 8)
-_PLAIN_FILES = {"train": "train.txt", "validation": "valid.txt", "test": "test.txt"}
+# The dataset's own names of the splits (`train` / `val` / `test` in the code).
+_PG19_FOLDERS = {"train": "train", "val": "validation", "test": "test"}
+_PLAIN_FILES = {"train": "train.txt", "val": "valid.txt", "test": "test.txt"}
 
 
 def read_text(file: Path) -> str:
@@ -46,11 +48,11 @@ def split_files(path: Path) -> dict[str, list[Path]]:
     (only the layout is checked here, no file is read)."""
     if not path.is_dir():
         raise DataError(f"data.path={path}: must be a folder (PG-19 layout or train.txt/valid.txt/test.txt)")
-    if all((path / split).is_dir() for split in SPLITS):
-        files = {split: sorted((path / split).glob("*.txt")) for split in SPLITS}
+    if all((path / folder).is_dir() for folder in _PG19_FOLDERS.values()):
+        files = {split: sorted((path / folder).glob("*.txt")) for split, folder in _PG19_FOLDERS.items()}
         for split, books in files.items():
             if not books:
-                raise DataError(f"{path / split}: no .txt books in this PG-19 split folder")
+                raise DataError(f"{path / _PG19_FOLDERS[split]}: no .txt books in this PG-19 split folder")
         return files
     if all((path / name).is_file() for name in _PLAIN_FILES.values()):
         return {split: [path / name] for split, name in _PLAIN_FILES.items()}
@@ -85,10 +87,19 @@ class LMDataModule(L.LightningDataModule):
         self.tokenizer = None
         self.streams: dict[str, MappedStream] = {}
 
-    def setup(self, stage: str) -> None:
-        """Tokenize (training the BPE if asked) and check every split, once: the token
+    def spec(self) -> dict:
+        """What the model needs: the vocabulary size and the tokenizer (to decode what it
+        generates), as `lavo_tasks.tokenizer.tokenizer_spec` writes it. Tokenizes and checks
+        every split first, so a bad book fails before training."""
+        self.setup("fit")
+        return {"vocab_size": self.tokenizer.vocab_size, "tokenizer": tokenizer_spec(self.tokenizer)}
+
+    def setup(self, stage: str | None = None) -> None:
+        """Tokenize (training the BPE if asked) and check the splits the stage reads, once
+        each: testing reads only the test split, any other stage all three. The token
         streams come memory-mapped from the cache, tokenized there first if need be."""
-        if self.tokenizer is not None:
+        wanted = [split for split in (("test",) if stage == "test" else SPLITS) if split not in self.streams]
+        if not wanted:
             return
         data = self.cfg.data
         run_dir = Path(self.cfg.run.dir)
@@ -103,24 +114,21 @@ class LMDataModule(L.LightningDataModule):
             texts = {split: [m.text for m in modules] for split, modules in stdlib_splits().items()}
             splits = {split: ([text_source(t)], lambda t=t: iter(t), len(t)) for split, t in texts.items()}
             source = "the standard-library corpus"
-        self.tokenizer = build_tokenizer(data, splits["train"][1](), run_dir)
+        if self.tokenizer is None:  # a saved <run.dir>/tokenizer.json is read, not trained again
+            self.tokenizer = build_tokenizer(data, splits["train"][1](), run_dir)
         cache = Path(data.token_cache) if data.token_cache else run_dir / "tokens"
-        self.streams = {
-            split: cached_token_stream(split, sources, documents, count, self.tokenizer, cache)
-            for split, (sources, documents, count) in splits.items()
-        }
-
         longest = max(TEST_LENGTH_FACTORS) * data.seq_len
-        need = {"train": data.seq_len + 1, "validation": data.seq_len + 1, "test": longest + 1}
-        for split, n in need.items():
-            if len(self.streams[split]) < n:
+        need = {"train": data.seq_len + 1, "val": data.seq_len + 1, "test": longest + 1}
+        for split in wanted:
+            stream = cached_token_stream(split, *splits[split], self.tokenizer, cache)
+            if len(stream) < need[split]:
                 raise DataError(
-                    f"{source}: the {split} split has {len(self.streams[split])} tokens; data.seq_len="
-                    f"{data.seq_len} needs at least {n} (test is also read at {max(TEST_LENGTH_FACTORS)}x seq_len)"
+                    f"{source}: the {split} split has {len(stream)} tokens; data.seq_len="
+                    f"{data.seq_len} needs at least {need[split]} (test is also read at {max(TEST_LENGTH_FACTORS)}x seq_len)"
                 )
-        # the same test tokens at every length: a whole number of the longest blocks
-        test = self.streams["test"]
-        self.streams["test"] = test.head((len(test) - 1) // longest * longest + 1)
+            if split == "test":  # the same test tokens at every length: a whole number of the longest blocks
+                stream = stream.head((len(stream) - 1) // longest * longest + 1)
+            self.streams[split] = stream
 
     def train_dataloader(self) -> DataLoader:
         windows = TokenWindows(self.streams["train"], self.cfg.data.seq_len, stride=1)
@@ -129,7 +137,7 @@ class LMDataModule(L.LightningDataModule):
         return DataLoader(windows, batch_sampler=sampler, num_workers=self.cfg.data.num_workers)
 
     def val_dataloader(self) -> DataLoader:
-        return self._blocks("validation", self.cfg.data.seq_len, self.cfg.data.batch_size)
+        return self._blocks("val", self.cfg.data.seq_len, self.cfg.data.batch_size)
 
     def test_dataloader(self) -> list[DataLoader]:
         """One loader per length factor; the batch shrinks as the blocks grow, so every

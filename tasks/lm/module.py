@@ -8,22 +8,28 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
+from lavo_tasks.config import site_attention
+from lavo_tasks.files import write_atomically
 from lavo_tasks.module import TaskModule
 from lavo_tasks.plots import attention_label, format_metrics, readable_ylim, save_figure
+from lavo_tasks.tokenizer import tokenizer_from_spec
 
-from .data import TEST_LENGTH_FACTORS, LMDataModule
+from .data import TEST_LENGTH_FACTORS
 from .metrics import Perplexity
 from .model import LanguageModel
 
 TEST_METRICS = tuple("test_ppl" if f == 1 else f"test_ppl_{f}x" for f in TEST_LENGTH_FACTORS)
+LONGEST = TEST_LENGTH_FACTORS.index(max(TEST_LENGTH_FACTORS))  # the test loader of the longest blocks
 
 
 class LMModule(TaskModule):
-    def __init__(self, cfg: DictConfig, datamodule: LMDataModule):
+    def __init__(self, cfg: DictConfig, spec: dict):
+        """spec: LMDataModule.spec(), {"vocab_size", "tokenizer"}."""
         super().__init__(cfg)
-        self.tokenizer = datamodule.tokenizer
-        self.prompt = datamodule.streams["test"][: cfg.generate.prompt_tokens].long()  # [P]
-        self.model = LanguageModel(self.tokenizer.vocab_size, cfg.model, cfg.attention)
+        self.tokenizer = tokenizer_from_spec(spec["tokenizer"])
+        self.attention = site_attention(cfg, "attention")
+        self.model = LanguageModel(spec["vocab_size"], cfg.model, self.attention)
+        self.prompt = None  # [P]: the test split's first tokens, taken from its first longest block
 
     def token_nll(self, batch: torch.Tensor) -> torch.Tensor:
         """batch [B, L + 1] token windows -> NLL of each next token [B, L]."""
@@ -56,7 +62,9 @@ class LMModule(TaskModule):
     def test_step(self, batch: torch.Tensor, batch_idx: int, dataloader_idx: int = 0) -> None:
         nll = self.token_nll(batch)  # [B, f * seq_len]
         self.test_ppl[dataloader_idx].update(nll)
-        if TEST_LENGTH_FACTORS[dataloader_idx] == max(TEST_LENGTH_FACTORS):
+        if dataloader_idx == LONGEST:
+            if batch_idx == 0:  # the first block starts the test split
+                self.prompt = batch[0, : self.cfg.generate.prompt_tokens].cpu()
             self.position_nll += nll.double().sum(0).cpu()
             self.position_count += nll.shape[0]
 
@@ -81,6 +89,8 @@ class LMModule(TaskModule):
     # -- artifacts
     def write_generated_text(self) -> None:
         gen = self.cfg.generate
+        if self.prompt is None:
+            raise RuntimeError("the test saw no block of the longest length, whose start is generated.txt's prompt")
         generator = torch.Generator().manual_seed(self.cfg.seed)
         new = self.model.generate(self.prompt[None].to(self.device), gen.max_new_tokens, temperature=gen.temperature,
                                   top_k=gen.top_k, generator=generator)[0]
@@ -88,10 +98,10 @@ class LMModule(TaskModule):
             f"# prompt: the first {len(self.prompt)} tokens of the test split\n"
             f"{self.tokenizer.decode(self.prompt.tolist())}\n"
             f"# generated: {gen.max_new_tokens} tokens, temperature {gen.temperature}, top_k {gen.top_k}, "
-            f"attention {self.cfg.attention.name}, through the decode states\n"
+            f"attention {self.attention.name}, through the decode states\n"
             f"{self.tokenizer.decode(new.tolist())}\n"
         )
-        (self.artifacts_dir / "generated.txt").write_text(text, encoding="utf-8")
+        write_atomically(self.artifacts_dir / "generated.txt", lambda f: f.write(text.encode("utf-8")))
 
     def plot_ppl_vs_context(self, ppl: dict[str, float], position_nll: torch.Tensor) -> None:
         """Left: test perplexity at each evaluation length. Right: perplexity by position

@@ -9,14 +9,11 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from lavo_tasks.errors import ConfigError
+from lavo_tasks.task import Task
 
 from .data import MODES
 from .data import TSFDataModule as DataModule
 from .module import TSFModule as Module
-
-# Informer: noncausal encoder, causal decoder, decoder queries over the whole encoder.
-ATTENTION_SITES = {"encoder_attention": "NS", "decoder_attention": "CS", "cross_attention": "NC"}
-
 
 def check_config(cfg: DictConfig) -> None:
     """ConfigError naming the first forecasting key out of range."""
@@ -42,4 +39,10 @@ def check_config(cfg: DictConfig) -> None:
             raise ConfigError(f"data.freq={data.freq!r}: not a pandas frequency (e.g. h, 15min, D), or \"\"") from None
 
 
-__all__ = ["ATTENTION_SITES", "DataModule", "Module", "check_config"]
+# Informer: noncausal encoder, causal decoder, decoder queries over the whole encoder.
+# The baselines: the repeat-last-value forecast on the same test windows.
+TASK = Task(name="tsf", DataModule=DataModule, Module=Module, check_config=check_config,
+            sites={"encoder_attention": "NS", "decoder_attention": "CS", "cross_attention": "NC"},
+            baselines=("test_last_value_mse", "test_last_value_mae"))
+
+__all__ = ["TASK", "DataModule", "Module", "check_config"]

@@ -29,11 +29,14 @@ import lightning as L
 import numpy as np
 import pandas as pd
 import torch
+from gluonts.time_feature import get_seasonality
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
 from ...data import StepBatchSampler
 from ...errors import ConfigError, DataError
+from ...files import write_atomically
+from .metrics import seasonal_errors
 
 MODES = ("S", "M", "MS")
 SPLITS = ("train", "val", "test")
@@ -46,6 +49,7 @@ ETT_LAYOUTS = {pd.Timedelta("1h"): 1, pd.Timedelta("15min"): 4}  # time step -> 
 DEFAULT_FILE = "synthetic_hourly.csv"
 DEFAULT_ROWS = 14_400  # exactly the ETTh 12/4/4-month split
 DEFAULT_DATA_SEED = 2016  # the default series is the same for every run, whatever `seed`
+VAL_ORDER_SEED = 0  # the validation sample (trainer.limit_val_batches) too
 
 
 @dataclass
@@ -183,22 +187,30 @@ def write_default_csv(path: Path, rows: int = DEFAULT_ROWS, seed: int = DEFAULT_
     for name in recipe:
         frame[name] = entry[name]
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    frame.to_csv(tmp, index=False, float_format="%.4f", date_format="%Y-%m-%d %H:%M:%S")
-    tmp.replace(path)  # a reader never sees a half-written file
+    text = frame.to_csv(index=False, float_format="%.4f", date_format="%Y-%m-%d %H:%M:%S")
+    write_atomically(path, lambda f: f.write(text.encode("utf-8")))  # a reader never sees a half-written file
 
 
 class WindowDataset(Dataset):
     """All windows of one slice. Item: `x` [seq_len, C] and `x_mark` [seq_len, 5] for the
     encoder, `y` [label_len + pred_len, C] and `y_mark` [label_len + pred_len, 5] for the
     decoder (its last pred_len rows are the truth to forecast), and `start`: the row of
-    the whole file where the forecast begins."""
+    the whole file where the forecast begins.
 
-    def __init__(self, values: np.ndarray, marks: np.ndarray, first_row: int, seq_len: int, label_len: int, pred_len: int):
+    With `raw_outputs` ([rows of the slice, n_outputs], unscaled) and `seasonal_error`
+    ([windows, n_outputs]), as the test split has, an item also holds what the unscaled
+    metrics need: `y_raw` [pred_len, n_outputs] float64, the truth in the file's units,
+    `seasonal_error` [n_outputs] float64 (gluonts' scale for MASE, from the whole history
+    before the forecast) and `index`, the window's position in the slice."""
+
+    def __init__(self, values: np.ndarray, marks: np.ndarray, first_row: int, seq_len: int, label_len: int,
+                 pred_len: int, raw_outputs: np.ndarray | None = None, seasonal_error: np.ndarray | None = None):
         self.values = torch.as_tensor(values, dtype=torch.float32)
         self.marks = torch.as_tensor(marks)
         self.first_row = first_row
         self.seq_len, self.label_len, self.pred_len = seq_len, label_len, pred_len
+        self.raw_outputs = None if raw_outputs is None else torch.as_tensor(raw_outputs, dtype=torch.float64)
+        self.seasonal_error = None if seasonal_error is None else torch.as_tensor(seasonal_error, dtype=torch.float64)
 
     def __len__(self) -> int:
         return len(self.values) - self.seq_len - self.pred_len + 1
@@ -206,21 +218,25 @@ class WindowDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         enc_end = i + self.seq_len
         dec = slice(enc_end - self.label_len, enc_end + self.pred_len)
-        return {
+        item = {
             "x": self.values[i:enc_end],
             "x_mark": self.marks[i:enc_end],
             "y": self.values[dec],
             "y_mark": self.marks[dec],
             "start": torch.tensor(self.first_row + enc_end),
         }
+        if self.raw_outputs is not None:
+            item |= {"y_raw": self.raw_outputs[enc_end : enc_end + self.pred_len],
+                     "seasonal_error": self.seasonal_error[i], "index": torch.tensor(i)}
+        return item
 
 
 class TSFDataModule(L.LightningDataModule):
     """Reads the file (or writes the default), splits, scales; `setup` makes
-    `self.datasets[split]` and the facts the model needs: `n_inputs` (channels fed to
-    encoder and decoder), `n_outputs` (channels forecast, the last `n_outputs` inputs),
+    `self.datasets[split]` and the facts of the data: `columns` (the input channels;
+    `n_inputs` of them), `n_outputs` (channels forecast, the last `n_outputs` inputs),
     `mean` / `std` of the input channels, `raw` [rows, n_inputs] the unscaled values of
-    the whole file, `dates` of its rows, `freq`."""
+    the whole file, `dates` of its rows, `freq`. `spec()` is what of it the model is built from."""
 
     def __init__(self, cfg: DictConfig):
         super().__init__()
@@ -237,6 +253,15 @@ class TSFDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         if not self.cfg.data.path and not self.path.exists():
             write_default_csv(self.path)
+
+    def spec(self) -> dict:
+        """`columns`: the input channels in order (encoder and decoder read them all);
+        `n_outputs`: how many are forecast, the last ones; `mean` / `std`: the scaler of
+        every input channel, from the training rows."""
+        self.prepare_data()
+        self.setup("fit")
+        return {"columns": list(self.columns), "n_outputs": self.n_outputs,
+                "mean": self.mean.tolist(), "std": self.std.tolist()}
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
@@ -262,6 +287,8 @@ class TSFDataModule(L.LightningDataModule):
         self.std = np.where(std > 0, std, 1.0)  # a constant training channel is only centred
         scaled = (raw - self.mean) / self.std
         marks = time_features(series.dates)
+        n_outputs = 1 if data.mode == "MS" else len(columns)
+        outputs = raw[:, -n_outputs:]  # [rows, n_outputs] unscaled
 
         for split in SPLITS:
             start, end = borders[split]
@@ -271,14 +298,18 @@ class TSFDataModule(L.LightningDataModule):
                     f"{self.path}: the {split} split has {end - start} rows (rows {start}..{end - 1}), fewer than "
                     f"data.seq_len + data.pred_len = {data.seq_len + data.pred_len}"
                 )
+            extras = {}
+            if split == "test":
+                starts = start + data.seq_len + np.arange(windows)  # rows where the forecasts begin
+                extras = {"raw_outputs": outputs[start:end],
+                          "seasonal_error": seasonal_errors(outputs, starts, get_seasonality(self.freq))}
             self.datasets[split] = WindowDataset(
-                scaled[start:end], marks[start:end], start, data.seq_len, data.label_len, data.pred_len
+                scaled[start:end], marks[start:end], start, data.seq_len, data.label_len, data.pred_len, **extras
             )
-        self.raw = raw
+        self.raw = raw  # [rows, n_inputs] unscaled, the whole file
         self.dates = series.dates
         self.columns = columns
-        self.n_inputs = len(columns)
-        self.n_outputs = 1 if data.mode == "MS" else self.n_inputs
+        self.n_inputs, self.n_outputs = len(columns), n_outputs
 
     def train_dataloader(self) -> DataLoader:
         start_step = self.trainer.global_step if self.trainer is not None else 0
@@ -288,7 +319,8 @@ class TSFDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         # A fixed shuffled order, so that `trainer.limit_val_batches` samples the whole
         # validation period instead of its first days.
-        order = torch.randperm(len(self.datasets["val"]), generator=torch.Generator().manual_seed(0)).tolist()
+        generator = torch.Generator().manual_seed(VAL_ORDER_SEED)
+        order = torch.randperm(len(self.datasets["val"]), generator=generator).tolist()
         return DataLoader(
             self.datasets["val"], batch_size=self.cfg.data.batch_size, sampler=order, num_workers=self.cfg.data.num_workers
         )

@@ -13,7 +13,6 @@ on its share of the windows, so run the test on one device.
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gluonts.time_feature import get_seasonality
 from matplotlib.dates import ConciseDateFormatter
 from matplotlib.figure import Figure  # not pyplot: no global backend state is touched
 from omegaconf import DictConfig
@@ -21,8 +20,7 @@ from omegaconf import DictConfig
 from ...config import site_attention
 from ...module import TaskModule
 from ...plots import attention_label, format_metrics, save_figure
-from .data import TSFDataModule
-from .metrics import GluonTSErrors, ScaledErrors, seasonal_errors
+from .metrics import GluonTSErrors, ScaledErrors
 from .model import Forecaster
 
 PLOTTED_WINDOWS = 3
@@ -34,25 +32,23 @@ class TSFModule(TaskModule):
     METRIC_VALUES = {**{f"test_{k}": "scaled" for k in ("mse", "mae", "last_value_mse", "last_value_mae")},
                      **{f"test_{k}": "unscaled" for k in ("mase", "smape", "nd")}}
 
-    def __init__(self, cfg: DictConfig, datamodule: TSFDataModule):
+    def __init__(self, cfg: DictConfig, spec: dict):
+        """spec: TSFDataModule.spec(), {"columns", "n_outputs", "mean", "std"}."""
         super().__init__(cfg)
         m = cfg.model
+        n_inputs, self.n_outputs = len(spec["columns"]), spec["n_outputs"]
         self.model = Forecaster(
-            datamodule.n_inputs, datamodule.n_outputs, d_model=m.d_model, n_heads=m.n_heads,
+            n_inputs, self.n_outputs, d_model=m.d_model, n_heads=m.n_heads,
             encoder_layers=m.encoder_layers, decoder_layers=m.decoder_layers, d_ff=m.d_ff, dropout=m.dropout,
             encoder_attention=site_attention(cfg, "encoder_attention"),
             decoder_attention=site_attention(cfg, "decoder_attention"),
             cross_attention=site_attention(cfg, "cross_attention"),
         )
-        self.n_outputs = datamodule.n_outputs
-        # Unscaling and MASE need the output channels' scaler and unscaled history
-        # (the forecast channels are the last n_outputs inputs).
-        self.mean = datamodule.mean[-self.n_outputs:]
-        self.std = datamodule.std[-self.n_outputs:]
-        self.raw = datamodule.raw[:, -self.n_outputs:]  # [rows, n_outputs]
-        self.seasonality = get_seasonality(datamodule.freq)
-        self.plot_windows = datamodule.datasets["test"]
-        self.output_names = datamodule.columns[-self.n_outputs:]
+        # Unscaling needs the output channels' scaler (the forecast channels are the last
+        # n_outputs inputs); the unscaled truth and MASE's scale come with the test batches.
+        self.mean = np.asarray(spec["mean"][-self.n_outputs:], dtype=np.float64)
+        self.std = np.asarray(spec["std"][-self.n_outputs:], dtype=np.float64)
+        self.output_names = spec["columns"][-self.n_outputs:]
 
     def forecast(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(forecast, truth), both [B, pred_len, n_outputs] scaled."""
@@ -76,6 +72,10 @@ class TSFModule(TaskModule):
     def on_test_epoch_start(self) -> None:
         self.model_errors, self.last_value_errors = ScaledErrors(), ScaledErrors()
         self.gluonts_errors = GluonTSErrors()
+        # A few evenly spaced windows of those the test reads, plotted at its end.
+        loader = self.trainer.test_dataloaders
+        seen = min(len(loader.dataset), self.trainer.num_test_batches[0] * loader.batch_size)
+        self.plotted = dict.fromkeys(np.linspace(0, seen - 1, PLOTTED_WINDOWS).round().astype(int).tolist())
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         prediction, truth = self.forecast(batch)
@@ -84,11 +84,14 @@ class TSFModule(TaskModule):
         last_value = batch["x"][:, -1:, -self.n_outputs:].expand_as(truth)  # [B, 1, C] -> [B, pred_len, C]
         self.last_value_errors.update(last_value, truth)
 
-        starts = batch["start"].cpu().numpy()
-        steps = starts[:, None] + np.arange(truth.shape[1])  # [B, pred_len] rows of the file
         self.gluonts_errors.update(
-            self.unscale(prediction), self.raw[steps], seasonal_errors(self.raw, starts, self.seasonality)
+            self.unscale(prediction), batch["y_raw"].cpu().numpy(), batch["seasonal_error"].cpu().numpy()
         )
+        for row, index in enumerate(batch["index"].tolist()):
+            if index in self.plotted:  # input, truth, forecast in the file's units; the first forecast row
+                self.plotted[index] = [self.unscale(part[row])
+                                       for part in (batch["x"][:, :, -self.n_outputs:], truth, prediction)]
+                self.plotted[index].append(int(batch["start"][row]))
 
     def on_test_epoch_end(self) -> None:
         figures = {f"test_{k}": v for k, v in self.model_errors.compute().items()}
@@ -102,20 +105,17 @@ class TSFModule(TaskModule):
         """[..., n_outputs] scaled -> float64 numpy in the file's units."""
         return values.detach().double().cpu().numpy() * self.std + self.mean
 
-    @torch.no_grad()
     def plot_forecasts(self, figures: dict[str, float]) -> None:
         """A few evenly spaced test windows (columns) by forecast channel (rows: the
         target, and in M mode up to PLOTTED_CHANNELS - 1 others, evenly chosen): the
         encoder's input, the truth and the forecast in the file's units against the rows'
         dates; the title gives the attention and the test metrics."""
-        indices = np.linspace(0, len(self.plot_windows) - 1, PLOTTED_WINDOWS).round().astype(int)
-        batch = {k: torch.stack([self.plot_windows[i][k] for i in indices]).to(self.device)
-                 for k in ("x", "x_mark", "y", "y_mark", "start")}
-        prediction, truth = self.forecast(batch)
-        history = self.unscale(batch["x"][..., -self.n_outputs:])  # [windows, seq_len, n_outputs]
-        truth, prediction = self.unscale(truth), self.unscale(prediction.float())  # [windows, pred_len, n_outputs]
-        starts = batch["start"].cpu().numpy()
-        dates = self.trainer.datamodule.dates
+        windows = {i: parts for i, parts in self.plotted.items() if parts is not None}
+        indices = list(windows)
+        # [windows, seq_len | pred_len, n_outputs] each, in the file's units
+        history, truth, prediction = (np.stack([windows[i][k] for i in indices]) for k in range(3))
+        starts = [windows[i][3] for i in indices]
+        dates = self.trainer.datamodule.dates  # the rows' dates: only the plot's axis reads them
         seq_len, pred_len = history.shape[1], truth.shape[1]
         # The target (the last output channel) first, then others evenly spread.
         others = np.linspace(0, self.n_outputs - 2, min(PLOTTED_CHANNELS, self.n_outputs) - 1).round().astype(int)
