@@ -1,0 +1,1 @@
+"""Text-to-speech (`task=tts`): Transformer-TTS on the LJSpeech layout (design TASKS.md)."""
