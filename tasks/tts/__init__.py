@@ -1,0 +1,51 @@
+"""Text-to-speech (`task=tts`): Transformer-TTS on the LJSpeech layout.
+
+Design TASKS.md "Text-to-speech": the LJSpeech layout (or the embedded default spoken by
+espeak-ng), characters or phonemes, 80-band log-mels, autoregressive decoding with every
+attention's decode state, Griffin-Lim audio, MCD / MSD as fairseq's eval_sp computes them.
+"""
+
+from omegaconf import DictConfig, OmegaConf
+
+from lavo_tasks.attention.base import is_int
+from lavo_tasks.errors import ConfigError
+from lavo_tasks.task import Task
+
+from .audio import MelConfig
+from .data import TTSDataModule as DataModule
+from .module import TTSModule as Module
+from .text import FRONTENDS
+
+# Transformer-TTS as CAB runs it: noncausal text encoder, causal mel decoder, and causal
+# cross-attention (decoder step t reads text positions <= t). model.cross_causal=false
+# runs NC instead; every block with a CC pattern has NC too, so the CC check covers it.
+SITES = {"encoder_attention": "NS", "decoder_attention": "CS", "cross_attention": "CC"}
+
+
+def check_config(cfg: DictConfig) -> None:
+    """ConfigError naming the first text-to-speech key out of range."""
+    data, model, decode = cfg.data, cfg.model, cfg.decode
+    min_rate = int(2 * MelConfig.f_max)
+    rules = [
+        ("data.frontend", data.frontend in FRONTENDS, f"one of {', '.join(FRONTENDS)}"),
+        ("data.sample_rate", is_int(data.sample_rate) and data.sample_rate >= min_rate,
+         f"an integer number of Hz >= {min_rate} (the mels reach {MelConfig.f_max:g} Hz)"),
+        ("model.encoder_layers", model.encoder_layers >= 1, ">= 1"),
+        ("model.decoder_layers", model.decoder_layers >= 1, ">= 1"),
+        ("model.d_ff", model.d_ff >= 1, ">= 1"),
+        ("model.conv_channels", model.conv_channels >= 1, ">= 1"),
+        ("model.prenet_dim", model.prenet_dim >= 1, ">= 1"),
+        ("model.n_frames_per_step", model.n_frames_per_step >= 1, ">= 1"),
+        ("model.dropout", 0 <= model.dropout < 1, "in [0, 1)"),
+        ("decode.max_frames", decode.max_frames >= 1, ">= 1"),
+        ("decode.stop_threshold", 0 < decode.stop_threshold < 1, "in (0, 1)"),
+    ]
+    for key, ok, allowed in rules:
+        if not ok:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r}: must be {allowed}")
+
+
+TASK = Task(name="tts", DataModule=DataModule, Module=Module, check_config=check_config, sites=SITES,
+            baselines=("test_baseline_mcd", "test_baseline_msd"))
+
+__all__ = ["TASK"]

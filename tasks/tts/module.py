@@ -1,0 +1,221 @@
+"""Training and evaluation of Transformer-TTS.
+
+Loss (teacher forcing): L1 + L2 between the target frames and the frames before the
+postnet, the same after it, over the real frames; plus BCE on the stop logit of every
+real step (the last step of an utterance is the positive, weighted 5).
+
+Test: `test_loss` as in training; then each utterance is synthesised autoregressively
+(`lavo_tasks.generation.generate_frames` over the model's decode state; the encoder runs
+once) until the stop probability reaches `decode.stop_threshold` or `decode.max_frames`.
+Synthesised and reference mels both go through the same Griffin-Lim vocoder, and
+`test_mcd` / `test_msd` are fairseq's eval_sp distortions between the two (metrics.py).
+The baseline is the mean training frame repeated for the reference's length, vocoded the
+same way (`test_baseline_mcd`, `test_baseline_msd`). `test_length_ratio` is the mean of
+synthesised / reference frames. Artifacts: the first test utterances' wavs (synthesised
+and vocoded reference), their mels, stop probabilities and, for a softmax
+cross-attention, its weights.
+
+Test metrics are accumulated in this process: run the test on one device.
+"""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure  # not pyplot: no global backend state is touched
+from omegaconf import DictConfig
+
+from ...attention.softmax import SoftmaxAttention
+from ...config import site_attention
+from ...generation import generate_frames
+from ...module import TaskModule
+from .audio import GriffinLim, MelConfig, write_wav
+from .metrics import CorpusDistortion
+from .model import TransformerTTS
+
+STOP_POSITIVE_WEIGHT = 5.0
+ARTIFACT_UTTERANCES = 3
+
+
+class TTSModule(TaskModule):
+    def __init__(self, cfg: DictConfig, spec: dict):
+        """spec: TTSDataModule.spec() (vocabulary, mel settings, mel mean / std)."""
+        super().__init__(cfg)
+        m = cfg.model
+        self.mel_config = MelConfig(**spec["mel"])
+        self.model = TransformerTTS(
+            len(spec["vocabulary"]), self.mel_config.n_mels, d_model=m.d_model, n_heads=m.n_heads,
+            encoder_layers=m.encoder_layers, decoder_layers=m.decoder_layers, d_ff=m.d_ff, dropout=m.dropout,
+            conv_channels=m.conv_channels, prenet_dim=m.prenet_dim, n_frames_per_step=m.n_frames_per_step,
+            encoder_attention=site_attention(cfg, "encoder_attention"),
+            decoder_attention=site_attention(cfg, "decoder_attention"),
+            cross_attention=site_attention(cfg, "cross_attention"), cross_causal=m.cross_causal,
+        )
+        # Saved with the checkpoint: the run's normalisation of the mels.
+        self.register_buffer("mel_mean", torch.tensor(spec["mel_mean"]))
+        self.register_buffer("mel_std", torch.tensor(spec["mel_std"]))
+        self.vocoder = GriffinLim(self.mel_config)
+
+    # --- teacher forcing
+
+    def _whole_steps(self, mels: torch.Tensor, mel_lengths: torch.Tensor):
+        """mels [B, T, n_mels] padded with zeros to N * r frames, the real steps [B] and
+        the real-frame mask [B, N * r]."""
+        r = self.model.r
+        n_steps = -(-mels.shape[1] // r)
+        mels = F.pad(mels, (0, 0, 0, n_steps * r - mels.shape[1]))
+        frame_mask = torch.arange(n_steps * r, device=mels.device) < mel_lengths[:, None]
+        return mels, -(-mel_lengths // r), frame_mask
+
+    def losses(self, batch: dict) -> dict[str, torch.Tensor]:
+        mels, step_lengths, frame_mask = self._whole_steps(batch["mels"], batch["mel_lengths"])
+        before, after, stop = self.model(batch["tokens"], batch["token_lengths"], mels, step_lengths)
+        real = frame_mask[..., None].float()  # [B, N * r, 1]
+        count = real.sum() * mels.shape[-1]
+        mel_loss = sum(((F.l1_loss(pred.float(), mels, reduction="none") + F.mse_loss(pred.float(), mels, reduction="none"))
+                        * real).sum() / count for pred in (before, after))
+        steps = torch.arange(stop.shape[1], device=stop.device)
+        step_mask = steps < step_lengths[:, None]
+        stop_target = (steps == step_lengths[:, None] - 1).float()
+        stop_loss = F.binary_cross_entropy_with_logits(
+            stop.float()[step_mask], stop_target[step_mask], pos_weight=stop.new_tensor(STOP_POSITIVE_WEIGHT).float()
+        )
+        return {"loss": mel_loss + stop_loss, "mel_loss": mel_loss, "stop_loss": stop_loss}
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        losses = self.losses(batch)
+        self.log("train_loss", losses["loss"], prog_bar=True, batch_size=len(batch["tokens"]))
+        return losses["loss"]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        losses = self.losses(batch)
+        size = len(batch["tokens"])
+        self.log("val_loss", losses["loss"], prog_bar=True, batch_size=size)
+        self.log("val_mel_loss", losses["mel_loss"], batch_size=size)
+        self.log("val_stop_loss", losses["stop_loss"], batch_size=size)
+
+    # --- synthesis
+
+    @torch.no_grad()
+    def synthesise(self, tokens: torch.Tensor, token_lengths: torch.Tensor):
+        """(mels [B, N * r, n_mels] after the postnet, normalised; frame lengths [B];
+        stop probabilities [B, N])."""
+        r = self.model.r
+        state = self.model.init_state(tokens, token_lengths)
+        start = tokens.new_zeros(len(tokens), 1, self.model.n_mels, dtype=self.mel_mean.dtype)
+        out = generate_frames(self.model.step, state, start, max_steps=-(-self.cfg.decode.max_frames // r),
+                              stop_threshold=self.cfg.decode.stop_threshold, feedback=self.model.last_frame)
+        frames = out.frames.reshape(len(tokens), -1, self.model.n_mels)  # [B, N, r * n_mels] -> [B, N * r, n_mels]
+        lengths = out.lengths * r
+        mask = torch.arange(frames.shape[1], device=frames.device) < lengths[:, None]
+        return self.model.refine(frames, mask), lengths, out.stop_probs
+
+    def to_log_mel(self, normalised: torch.Tensor) -> torch.Tensor:
+        return normalised.float() * self.mel_std + self.mel_mean
+
+    def on_test_epoch_start(self) -> None:
+        rate = self.mel_config.sample_rate
+        self.distortion, self.baseline_distortion = CorpusDistortion(rate), CorpusDistortion(rate)
+        self.length_ratios: list[float] = []
+        self.examples: list[dict] = []
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self.log("test_loss", self.losses(batch)["loss"], batch_size=len(batch["tokens"]))
+        mels, lengths, stop_probs = self.synthesise(batch["tokens"], batch["token_lengths"])
+        for i, (ref_len, syn_len) in enumerate(zip(batch["mel_lengths"].tolist(), lengths.tolist())):
+            reference = self.to_log_mel(batch["mels"][i, :ref_len])
+            synthesised = self.to_log_mel(mels[i, :syn_len])
+            ref_audio, syn_audio = self.vocoder(reference), self.vocoder(synthesised)
+            baseline_audio = self.vocoder(self.mel_mean.expand(ref_len, -1))
+            self.distortion.update(ref_audio, syn_audio)
+            self.baseline_distortion.update(ref_audio, baseline_audio)
+            self.length_ratios.append(syn_len / ref_len)
+            if len(self.examples) < ARTIFACT_UTTERANCES:
+                self.examples.append({
+                    "index": int(batch["index"][i]), "reference": reference.cpu(), "synthesised": synthesised.cpu(),
+                    "reference_audio": ref_audio.cpu(), "synthesised_audio": syn_audio.cpu(),
+                    "stop_probs": stop_probs[i, :-(-syn_len // self.model.r)].float().cpu(),
+                    "tokens": batch["tokens"][i, :batch["token_lengths"][i]].cpu(),
+                    "mel": batch["mels"][i, :ref_len].cpu(),
+                })
+
+    def on_test_epoch_end(self) -> None:
+        figures = {f"test_{k}": v for k, v in self.distortion.compute().items()}
+        figures |= {f"test_baseline_{k}": v for k, v in self.baseline_distortion.compute().items()}
+        figures["test_length_ratio"] = float(np.mean(self.length_ratios))
+        for name, value in figures.items():
+            self.log(name, value)
+        self.write_artifacts()
+
+    # --- artifacts
+
+    def write_artifacts(self) -> None:
+        folder = self.artifacts_dir / "wavs"
+        folder.mkdir(exist_ok=True)
+        rate = self.mel_config.sample_rate
+        for n, ex in enumerate(self.examples):
+            write_wav(folder / f"test{ex['index']:03d}_synthesised.wav", ex["synthesised_audio"], rate)
+            write_wav(folder / f"test{ex['index']:03d}_reference_vocoded.wav", ex["reference_audio"], rate)
+        self.plot_mels()
+        self.plot_stop()
+        self.plot_cross_attention()
+
+    def plot_mels(self) -> None:
+        fig = Figure(figsize=(10, 2.6 * len(self.examples)))
+        axes = fig.subplots(len(self.examples), 2, squeeze=False)
+        for row, ex in zip(axes, self.examples):
+            for ax, key in zip(row, ("reference", "synthesised")):
+                ax.imshow(ex[key].T.numpy(), origin="lower", aspect="auto", interpolation="none")
+                ax.set_title(f"test {ex['index']}: {key} ({len(ex[key])} frames)", fontsize=9)
+                ax.set_ylabel("mel band")
+        for ax in axes[-1]:
+            ax.set_xlabel("frame")
+        fig.tight_layout()
+        fig.savefig(self.artifacts_dir / "mels.png", dpi=90)
+
+    def plot_stop(self) -> None:
+        fig = Figure(figsize=(7, 3))
+        ax = fig.subplots()
+        for ex in self.examples:
+            ax.plot(ex["stop_probs"].numpy(), label=f"test {ex['index']}")
+        ax.axhline(self.cfg.decode.stop_threshold, color="0.5", linestyle="--", label="threshold")
+        ax.set_xlabel("decoder step")
+        ax.set_ylabel("stop probability")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(self.artifacts_dir / "stop.png", dpi=90)
+
+    @torch.no_grad()
+    def plot_cross_attention(self) -> None:
+        """The last decoder layer's cross-attention weights (mean over heads) under
+        teacher forcing, when that block is `softmax` (the other blocks never form the
+        weights)."""
+        block = self.model.decoder.layers[-1].cross_attn
+        if not isinstance(block, SoftmaxAttention):
+            return
+        captured = {}
+        hook = block.register_forward_hook(
+            lambda module, args, kwargs, out: captured.update(x=args[0], context=kwargs["context"]), with_kwargs=True
+        )
+        try:
+            fig = Figure(figsize=(5 * len(self.examples), 3.5))
+            axes = fig.subplots(1, len(self.examples), squeeze=False)[0]
+            for ax, ex in zip(axes, self.examples):
+                tokens, mel = ex["tokens"][None].to(self.device), ex["mel"][None].to(self.device)
+                mels, steps, _ = self._whole_steps(mel, torch.tensor([len(ex["mel"])], device=self.device))
+                self.model(tokens, torch.tensor([tokens.shape[1]], device=self.device), mels, steps)
+                q = block._queries(captured["x"], 0)  # [1, H, N, d]
+                k, _ = block._keys_values(captured["context"], 0)  # [1, H, L, d]
+                scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # [1, H, N, L]
+                if block.causal:  # CC: step t reads text positions <= t
+                    n, s = scores.shape[-2:]
+                    allowed = torch.arange(s, device=scores.device) <= torch.arange(n, device=scores.device)[:, None]
+                    scores = scores.masked_fill(~allowed, float("-inf"))
+                weights = scores.softmax(-1).mean(1)[0]  # [N, L]
+                ax.imshow(weights.T.float().cpu().numpy(), origin="lower", aspect="auto", interpolation="none")
+                ax.set_title(f"test {ex['index']}: cross-attention, last layer", fontsize=9)
+                ax.set_xlabel("decoder step")
+                ax.set_ylabel("text position")
+            fig.tight_layout()
+            fig.savefig(self.artifacts_dir / "cross_attention.png", dpi=90)
+        finally:
+            hook.remove()

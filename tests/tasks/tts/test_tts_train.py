@@ -1,0 +1,73 @@
+"""End-to-end runs of `task=tts` with every attention at tiny sizes: training, the test's
+synthesis, metrics.json and the artifacts."""
+
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from lavo_tasks import train
+from lavo_tasks.errors import ConfigError
+
+TINY = ["model.d_model=16", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1", "model.d_ff=32",
+        "model.conv_channels=16", "model.prenet_dim=16", "data.batch_size=4", "decode.max_frames=24",
+        "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.enable_progress_bar=false"]
+ATTENTION_ARGS = {
+    "softmax": [],
+    "lavo": ["attention.window=8", "attention.rank=4"],
+    "gsa": ["attention.slots=8"],
+    "local": ["attention.window=8", "model.cross_attention=softmax"],  # local has no cross pattern
+}
+METRICS = {"test_loss", "test_mcd", "test_msd", "test_baseline_mcd", "test_baseline_msd", "test_length_ratio"}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """An LJSpeech-layout folder of 40 short utterances: rising tones, one per sentence."""
+    root = tmp_path_factory.mktemp("ljs")
+    (root / "wavs").mkdir()
+    lines = []
+    for i in range(40):
+        t = np.arange(int((0.15 + 0.01 * (i % 5)) * 22050)) / 22050
+        sf.write(root / "wavs" / f"u{i:02d}.wav", (0.3 * np.sin(2 * np.pi * (150 + 10 * i) * t)).astype(np.float32),
+                 22050, subtype="PCM_16")
+        lines.append(f"u{i:02d}|Sentence {i}.|sentence number {i}.\n")
+    (root / "metadata.csv").write_text("".join(lines))
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ATTENTION_ARGS))
+def test_train_and_synthesise(name, dataset, tmp_path):
+    run_dir = tmp_path / name
+    metrics = train.run(["task=tts", f"attention={name}", f"run.dir={run_dir}", f"data.path={dataset}",
+                         *TINY, *ATTENTION_ARGS[name]])
+    assert set(metrics) >= METRICS and all(np.isfinite(v) for v in metrics.values())
+    assert metrics["test_mcd"] > 0 and metrics["test_baseline_mcd"] > 0
+    assert json.loads((run_dir / "metrics.json").read_text()) == pytest.approx(metrics)
+    artifacts = run_dir / "artifacts"
+    wavs = sorted((artifacts / "wavs").glob("*.wav"))
+    assert len(wavs) == 4  # two test utterances (5 % of 40), synthesised and vocoded reference
+    for wav in wavs:
+        info = sf.info(wav)
+        assert (info.samplerate, info.channels) == (22050, 1) and info.frames > 0
+    assert (artifacts / "mels.png").stat().st_size > 0 and (artifacts / "stop.png").stat().st_size > 0
+    # weights are drawn only where the cross-attention block forms them (softmax)
+    assert (artifacts / "cross_attention.png").exists() == (name in ("softmax", "local"))
+
+
+def test_local_cannot_be_the_cross_attention(tmp_path):
+    with pytest.raises(ConfigError, match=r"attention 'local' does not support causal cross-attention \(CC\)"):
+        train.run(["task=tts", "attention=local", f"run.dir={tmp_path}"])
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("data.frontend=letters", r"data.frontend='letters': must be one of characters, phonemes"),
+    ("model.n_frames_per_step=0", r"model.n_frames_per_step=0: must be >= 1"),
+    ("decode.stop_threshold=1.5", r"decode.stop_threshold=1.5: must be in \(0, 1\)"),
+    ("data.sample_rate=8000", r"data.sample_rate=8000: must be an integer number of Hz >= 16000"),
+])
+def test_bad_task_keys(arg, message, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        train.run(["task=tts", arg, f"run.dir={tmp_path}"])
