@@ -15,6 +15,7 @@ from lavo_tasks.tokenizer import check_tokenizer_keys
 
 from .data import FORMATS, split_files
 from .data import SummarizationDataModule as DataModule
+from .module import SummarizationModule as Module
 
 # CAB: noncausal encoder, causal decoder, causal cross-attention. The config check asks the
 # cross site for CC also under model.cross_causal=false (NC): the attentions that run one
@@ -51,4 +52,4 @@ def check_config(cfg: DictConfig) -> None:
         split_files(Path(data.path), data.format)  # the layout, before any work; files are read later
 
 
-__all__ = ["ATTENTION_SITES", "DataModule", "check_config"]
+__all__ = ["ATTENTION_SITES", "DataModule", "Module", "check_config"]
