@@ -12,7 +12,7 @@ from lavo_tasks import evaluate, train
 
 TINY = ["task=summarization", "model.d_model=16", "model.n_heads=2", "model.encoder_layers=1",
         "model.decoder_layers=1", "model.d_ff=32", "data.tokenizer=byte", "data.batch_size=4",
-        "decode.max_len=12", "decode.beam=1", "trainer.max_steps=3", "trainer.val_check_interval=3",
+        "decode.max_len=12", "decode.beam=2", "trainer.max_steps=3", "trainer.val_check_interval=3",
         "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false"]
 ATTENTION_ARGS = {
     "softmax": [],
@@ -66,7 +66,7 @@ def test_train_few_steps_and_test(tmp_path, attention):
     assert rows[0] == ["source (excerpt)", "reference", "lead", "generated"]
     assert [r[1] for r in rows[1:]] == references and [r[0] for r in rows[1:]] == sources
     table = (run_dir / "artifacts" / "summaries.md").read_text()
-    assert f"attention {attention}, greedy" in table and table.count("\n| ") == 1 + len(references)
+    assert f"attention {attention}, beam 2" in table and table.count("\n| ") == 1 + len(references)
     assert sources[0].replace("|", "\\|") in table
 
 
