@@ -18,7 +18,7 @@ EOS = 256  # the byte tokenizer's end id
 def tiny_cfg(tmp_path, *extra):
     cfg = compose([
         "task=summarization", "attention=softmax", "model.d_model=16", "model.n_heads=2",
-        "model.encoder_layers=1", "model.decoder_layers=1", "model.d_ff=32", "data.batch_size=2",
+        "model.encoder_layers=1", "model.decoder_layers=1", "model.d_ff=32", "data.batch_size=2", "data.tokenizer=byte",
         f"run.dir={tmp_path / 'run'}", *extra,
     ])
     validate(cfg)
@@ -167,7 +167,7 @@ def test_config_errors_before_any_work(tmp_path):
         ("data.max_target_len", 1, r"data.max_target_len=1: must be >= 2"),
         ("data.format", "csv", r"data.format='csv': must be one of multi_news, jsonl"),
         ("decode.beam", 0, r"decode.beam=0: must be >= 1"),
-        ("decode.min_len", 500, r"decode.min_len=500: must be in \[0, decode.max_len=320\]"),
+        ("decode.min_len", 500, r"decode.min_len=500: must be in \[0, decode.max_len=192\]"),
         ("loss.label_smoothing", 1, r"loss.label_smoothing=1: must be in \[0, 1\)"),
     ]:
         with pytest.raises(ConfigError, match=message):
