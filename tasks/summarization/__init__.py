@@ -1,0 +1,59 @@
+"""Summarization (`task=summarization`): a Transformer encoder-decoder over multi-document sources.
+
+Design TASKS.md "Summarization": the Multi-News layout or JSON lines (or the embedded
+standard-library default), byte / BPE / given tokenizer, label-smoothed training,
+greedy and beam-search decoding through the attentions' decode states, ROUGE-1/2/L
+with rouge-score beside the lead baseline, a table of generated summaries.
+"""
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from lavo_tasks.errors import ConfigError
+from lavo_tasks.task import Task
+from lavo_tasks.tokenizer import check_tokenizer_keys
+
+from .data import FORMATS, split_files
+from .data import SummarizationDataModule as DataModule
+from .module import SummarizationModule as Module
+
+# CAB: noncausal encoder, causal decoder, causal cross-attention. The config check asks the
+# cross site for CC also under model.cross_causal=false (NC): the attentions that run one
+# (softmax, lavo, gsa) run both.
+SITES = {"encoder_attention": "NS", "decoder_attention": "CS", "cross_attention": "CC"}
+
+
+def check_config(cfg: DictConfig) -> None:
+    """ConfigError naming the first summarization key out of range."""
+    data, model, decode = cfg.data, cfg.model, cfg.decode
+    rules = [
+        ("data.format", data.format in FORMATS, f"one of {', '.join(FORMATS)}"),
+        ("data.source_key", bool(data.source_key), "a key name"),
+        ("data.target_key", bool(data.target_key), "a key name"),
+        ("data.max_source_len", data.max_source_len >= 1, ">= 1"),
+        ("data.max_target_len", data.max_target_len >= 2, ">= 2 (a token and the end token)"),
+        ("model.encoder_layers", model.encoder_layers >= 1, ">= 1"),
+        ("model.decoder_layers", model.decoder_layers >= 1, ">= 1"),
+        ("model.d_ff", model.d_ff >= 1, ">= 1"),
+        ("model.dropout", 0 <= model.dropout < 1, "in [0, 1)"),
+        ("loss.label_smoothing", 0 <= cfg.loss.label_smoothing < 1, "in [0, 1)"),
+        ("decode.beam", decode.beam >= 1, ">= 1 (1: greedy)"),
+        ("decode.max_len", decode.max_len >= 1, ">= 1"),
+        ("decode.min_len", 0 <= decode.min_len <= decode.max_len, f"in [0, decode.max_len={decode.max_len}]"),
+        ("decode.no_repeat_ngram", decode.no_repeat_ngram >= 0, ">= 0 (0: off)"),
+    ]
+    for key, ok, allowed in rules:
+        if not ok:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r}: must be {allowed}")
+    check_tokenizer_keys(data)
+    if data.token_cache and Path(data.token_cache).is_file():
+        raise ConfigError(f"data.token_cache={data.token_cache}: a file; it must name a folder (made if missing)")
+    if data.path and Path(data.path).exists():  # a missing path: the runner's own error
+        split_files(Path(data.path), data.format)  # the layout, before any work; files are read later
+
+
+TASK = Task(name="summarization", DataModule=DataModule, Module=Module, check_config=check_config, sites=SITES,
+            baselines=("test_lead_rouge1", "test_lead_rouge2", "test_lead_rougeL"))
+
+__all__ = ["TASK"]

@@ -1,0 +1,153 @@
+"""Training and evaluation of the summarizer.
+
+Loss: cross-entropy over the target tokens with label smoothing `loss.label_smoothing`
+(CAB: 0.1). Validation logs `val_loss`, the plain NLL per target token (no smoothing),
+which best.ckpt follows. Test: `test_loss` (the same NLL over the test split), the
+summaries generated through the decode states (`decode.*`: greedy at beam 1, else beam
+search), `test_rouge1`, `test_rouge2`, `test_rougeL` against the untruncated
+references, the same ROUGE of the lead baseline on the same examples
+(`test_lead_rouge1/2/L`), and the mean lengths in tokens of the generated summaries
+(`test_generated_len`, the end token included when one was generated) and of the
+references as trained (`test_reference_len`: truncated to data.max_target_len, the end token
+included). Artifacts: `summaries.csv` (every test example) and
+`summaries.md` (the first TABLE_ROWS) with a source excerpt, the reference, the lead
+and the generated summary.
+
+Test metrics are accumulated in this process: with several devices each computes them
+on its share of the examples, so run the test on one device.
+"""
+
+import csv
+import io
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+
+from lavo_tasks.config import site_attention
+from lavo_tasks.files import write_atomically
+from lavo_tasks.generation import generate
+from lavo_tasks.module import TaskModule
+from lavo_tasks.plots import attention_label
+from lavo_tasks.tokenizer import tokenizer_from_spec
+
+from .metrics import RougeAverage, lead
+from .model import Summarizer
+
+TABLE_ROWS = 20
+SOURCE_EXCERPT_CHARS = 300
+
+
+class SummarizationModule(TaskModule):
+    def __init__(self, cfg: DictConfig, spec: dict):
+        """spec: SummarizationDataModule.spec() (vocabulary size, end id, tokenizer)."""
+        super().__init__(cfg)
+        self.tokenizer = tokenizer_from_spec(spec["tokenizer"])
+        self.eos_id = spec["eos_id"]
+        m = cfg.model
+        self.model = Summarizer(
+            spec["vocab_size"], d_model=m.d_model, n_heads=m.n_heads, encoder_layers=m.encoder_layers,
+            decoder_layers=m.decoder_layers, d_ff=m.d_ff, dropout=m.dropout,
+            encoder_attention=site_attention(cfg, "encoder_attention"),
+            decoder_attention=site_attention(cfg, "decoder_attention"),
+            cross_attention=site_attention(cfg, "cross_attention"), cross_causal=m.cross_causal,
+        )
+
+    def token_losses(self, batch: dict, label_smoothing: float = 0.0) -> torch.Tensor:
+        """Cross-entropy of each real target token [N] (padding dropped)."""
+        logits = self.model(batch["source"], batch["decoder_input"], batch["source_mask"], batch["target_mask"])
+        mask = batch["target_mask"]
+        return F.cross_entropy(logits[mask].float(), batch["target"][mask], label_smoothing=label_smoothing,
+                               reduction="none")
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss = self.token_losses(batch, self.cfg.loss.label_smoothing).mean()
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["source"]))
+        return loss
+
+    # -- validation: the NLL per target token over the evaluated batches
+    def on_validation_epoch_start(self) -> None:
+        self.val_nll = [0.0, 0]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        nll = self.token_losses(batch)
+        self.val_nll[0] += float(nll.double().sum())
+        self.val_nll[1] += nll.numel()
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("val_loss", self.val_nll[0] / self.val_nll[1], prog_bar=True)
+
+    # -- test: NLL, generated summaries, ROUGE of the model and of the lead baseline
+    def on_test_epoch_start(self) -> None:
+        stemming = self.cfg.metrics.rouge_stemming
+        self.test_nll = [0.0, 0]
+        self.rouge, self.lead_rouge = RougeAverage(stemming), RougeAverage(stemming)
+        self.lengths = {"generated": 0, "reference": 0}
+        self.rows = []
+
+    @torch.no_grad()
+    def summarize(self, source: torch.Tensor, source_mask: torch.Tensor) -> tuple[list[str], torch.Tensor]:
+        """The generated summaries of source [B, S] as text, and their lengths [B] in tokens."""
+        d = self.cfg.decode
+        prefix = torch.full((len(source), 1), self.eos_id, dtype=torch.long, device=source.device)
+        out = generate(self.model.step, self.model.init_state(source, source_mask), prefix, max_len=d.max_len,
+                       min_len=d.min_len, eos_id=self.eos_id, pad_id=self.eos_id, beam=d.beam,
+                       length_penalty=d.length_penalty, no_repeat_ngram=d.no_repeat_ngram)
+        texts = []
+        for tokens, length in zip(out.tokens.tolist(), out.lengths.tolist()):
+            tokens = tokens[:length]
+            if tokens and tokens[-1] == self.eos_id:
+                tokens = tokens[:-1]
+            texts.append(self.tokenizer.decode(tokens))
+        return texts, out.lengths
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        nll = self.token_losses(batch)
+        self.test_nll[0] += float(nll.double().sum())
+        self.test_nll[1] += nll.numel()
+        generated, lengths = self.summarize(batch["source"], batch["source_mask"])
+        references = batch["reference"]
+        leads = [lead(source, reference) for source, reference in zip(batch["source_text"], references)]
+        self.rouge.update(generated, references)
+        self.lead_rouge.update(leads, references)
+        self.lengths["generated"] += int(lengths.sum())
+        self.lengths["reference"] += int(batch["target_mask"].sum())
+        for source, reference, lead_text, summary in zip(batch["source_text"], references, leads, generated):
+            self.rows.append((source[:SOURCE_EXCERPT_CHARS], reference, lead_text, summary))
+
+    def on_test_epoch_end(self) -> None:
+        count = self.rouge.count
+        metrics = {"test_loss": self.test_nll[0] / self.test_nll[1],
+                   "test_generated_len": self.lengths["generated"] / count,
+                   "test_reference_len": self.lengths["reference"] / count}
+        metrics |= {f"test_{name}": value for name, value in self.rouge.compute().items()}
+        metrics |= {f"test_lead_{name}": value for name, value in self.lead_rouge.compute().items()}
+        self.log_dict(metrics)
+        if self.trainer.is_global_zero:
+            self.write_tables()
+
+    def write_tables(self) -> None:
+        header = ("source (excerpt)", "reference", "lead", "generated")
+        text = io.StringIO()
+        csv.writer(text).writerows([header, *self.rows])
+        payload = text.getvalue().encode("utf-8")
+        write_atomically(self.artifacts_dir / "summaries.csv", lambda f: f.write(payload))
+
+        def cell(value: str) -> str:
+            return " ".join(value.split()).replace("|", "\\|") or " "
+
+        d = self.cfg.decode
+        lines = [
+            f"# Test summaries: attention {attention_label(self.cfg)}, "
+            f"{'greedy' if d.beam == 1 else f'beam {d.beam}'}, the first {min(TABLE_ROWS, len(self.rows))} "
+            f"of {len(self.rows)} (all in summaries.csv)",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header),
+            *("| " + " | ".join(cell(v) for v in row) + " |" for row in self.rows[:TABLE_ROWS]),
+        ]
+        payload = ("\n".join(lines) + "\n").encode("utf-8")
+        write_atomically(self.artifacts_dir / "summaries.md", lambda f: f.write(payload))
+
+
+__all__ = ["SummarizationModule"]
