@@ -22,7 +22,7 @@ from .errors import ConfigError
 DEFAULT_ATTENTION = "softmax"
 SELECTORS = ("task", "attention")
 # The attention sites of encoder-decoder models; "" means "the `attention` group".
-SITES = ("encoder_attention", "decoder_attention", "cross_attention")
+SITES = ("encoder_attention", "decoder_attention", "query_attention", "cross_attention")
 # Keys a resumed run may change: the saved configuration is otherwise what built the checkpoint.
 RESUMABLE_PREFIXES = ("trainer.", "run.")
 
