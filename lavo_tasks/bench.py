@@ -180,7 +180,7 @@ def decode_latency(name: str, context: int, device) -> dict:
         mem_bias = torch.zeros(H, device=device)
         state = LavoDecodeState.empty(B, H, D, RANK, WINDOW, device=device, dtype=torch.bfloat16)
         state.keys.normal_(), state.values.normal_(), state.mem_sum.normal_()
-        state.count = context  # the step costs the same at any count: only the ring slot and 1/count change
+        state = state._replace(count=context)  # the step costs the same at any count: only the ring slot and 1/count change
 
         def step():
             return lavo_decode_step(q, k, v, basis, rel_bias, mem_bias, state, window=WINDOW)[0]

@@ -29,7 +29,8 @@ class FeedForward(nn.Module):
         return self.net(x)
 
 
-def _zero_padding(x: torch.Tensor, mask) -> torch.Tensor:
+def zero_padding(x: torch.Tensor, mask) -> torch.Tensor:
+    """x [B, T, D] with the positions where mask [B, T] is False set to 0 (mask None: x)."""
     return x if mask is None else x * mask[..., None]
 
 
@@ -49,7 +50,7 @@ class TransformerEncoderLayer(nn.Module):
         """x [B, T, D], mask [B, T] bool or None -> [B, T, D]."""
         x = x + self.drop(self.attn(self.norm1(x), mask=mask)[0])
         x = x + self.ff(self.norm2(x))
-        return _zero_padding(x, mask)
+        return zero_padding(x, mask)
 
 
 class DecoderState(NamedTuple):
@@ -60,15 +61,15 @@ class DecoderState(NamedTuple):
 
 
 class TransformerDecoderLayer(nn.Module):
-    """Causal self-attention, optional cross-attention over a memory (causal cross, CC,
-    when `cross_causal`; noncausal, NC, otherwise), and a feed-forward, pre-norm.
-    A decoder-only model passes cross_attention=None."""
+    """Self-attention (causal unless `causal=False`), optional cross-attention over a
+    memory (causal cross, CC, when `cross_causal`; noncausal, NC, otherwise), and a
+    feed-forward, pre-norm. A decoder-only model passes cross_attention=None."""
 
     def __init__(self, d_model: int, n_heads: int, self_attention: DictConfig, cross_attention: DictConfig = None,
-                 *, d_ff: int, dropout: float = 0.0, cross_causal: bool = False):
+                 *, d_ff: int, dropout: float = 0.0, causal: bool = True, cross_causal: bool = False):
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.self_attn = build_attention(self_attention, d_model, n_heads=n_heads, causal=True, cross=False)
+        self.self_attn = build_attention(self_attention, d_model, n_heads=n_heads, causal=causal, cross=False)
         self.cross_attn = None
         if cross_attention is not None:
             self.norm_cross = nn.LayerNorm(d_model)
@@ -106,4 +107,4 @@ class TransformerDecoderLayer(nn.Module):
                                              state=cross_state)
             x = x + self.drop(h)
         x = x + self.ff(self.norm2(x))
-        return _zero_padding(x, mask), (None if state is None else DecoderState(self_state, cross_state))
+        return zero_padding(x, mask), (None if state is None else DecoderState(self_state, cross_state))

@@ -7,6 +7,7 @@ but the weights.
 """
 
 import importlib.resources
+import inspect
 import math
 
 import pytest
@@ -354,3 +355,40 @@ def test_block_on_cuda(name, pattern):
     assert relative_rms(yb.float().cpu(), y) <= 3e-2
     (grad,) = torch.autograd.grad(yb.float().sum(), xg)
     assert torch.isfinite(grad).all()
+
+
+# --------------------------------------------------------------------------------------
+# Keyword arguments
+
+
+@pytest.mark.parametrize("name", ATTENTION_NAMES)
+def test_keyword_defaults_are_the_yaml_defaults(name):
+    cls = block_class(name)
+    parameters = inspect.signature(cls.__init__).parameters
+    defaults = {key: parameters[key].default for key in cls.option_names()}
+    path = importlib.resources.files("lavo_tasks.configs") / "attention" / f"{name}.yaml"
+    assert {"name": name, **defaults} == OmegaConf.to_container(OmegaConf.load(str(path)).attention)
+
+
+def test_block_by_keywords_equals_block_by_config():
+    from lavo_tasks.attention.lavo import LavoAttention
+
+    torch.manual_seed(0)
+    by_config = build_attention(OmegaConf.create({"name": "lavo", "window": 6, "rank": 4}), D_MODEL, n_heads=N_HEADS,
+                                causal=True, cross=False)  # the keys left out take their defaults
+    torch.manual_seed(0)
+    by_keywords = LavoAttention(D_MODEL, N_HEADS, causal=True, cross=False, window=6, rank=4)
+    assert by_keywords.window == 6 and by_keywords.backend == "auto" and hasattr(by_keywords, "basis_map")
+    for (key, a), (_, b) in zip(by_config.state_dict().items(), by_keywords.state_dict().items(), strict=True):
+        assert torch.equal(a, b), key
+    with pytest.raises(TypeError, match="'windw'"):
+        LavoAttention(D_MODEL, N_HEADS, causal=True, cross=False, windw=6)
+    with pytest.raises(TypeError, match="SoftmaxAttention: unknown argument 'window'; its own are: none"):
+        block_class("softmax")(D_MODEL, N_HEADS, causal=True, cross=False, window=4)
+    with pytest.raises(ConfigError, match=r"attention\.windw: not a key of attention 'lavo'; allowed: window"):
+        build_attention(OmegaConf.create({"name": "lavo", "windw": 6}), D_MODEL, n_heads=N_HEADS, causal=True,
+                        cross=False)
+    with pytest.raises(ConfigError, match=r"attention\.rank=99"):
+        LavoAttention(D_MODEL, N_HEADS, causal=True, cross=False, rank=99)
+    with pytest.raises(ConfigError, match=r"attention\.window=0"):
+        block_class("local")(D_MODEL, N_HEADS, causal=True, cross=False, window=0)

@@ -127,8 +127,6 @@ def test_128k_forward_backward_runs():
 def test_decode_step_bf16_matches_torch_step_and_latency():
     # batch 8 at a 128K context: the state (ring of w-1 keys/values, fp32 sum, count) is
     # the same size at any context, so a state that claims 131072 seen tokens is enough
-    from dataclasses import replace
-
     from triton.testing import do_bench
 
     from lavo_tasks.kernels import LavoDecodeState, lavo_decode_step
@@ -140,14 +138,13 @@ def test_decode_step_bf16_matches_torch_step_and_latency():
     state.keys.normal_(generator=g)
     state.values.normal_(generator=g)
     state.mem_sum.normal_(generator=g).mul_(context**0.5)
-    state.count = context
+    state = state._replace(count=context)
     q, k, v = (torch.randn(batch, heads, dim, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
     _, _, _, basis, rel_bias, mem_bias = make_inputs(1, 1, 1, heads, dim, rank, window, True, torch.bfloat16, seed=9)
-    twin = replace(state, keys=state.keys.clone(), values=state.values.clone(), mem_sum=state.mem_sum.clone())
-    got, _ = recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, window=window)
-    want, _ = lavo_decode_step(q, k, v, basis, rel_bias, mem_bias, twin, window=window, backend="torch")
+    got, new = recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, window=window)
+    want, twin = lavo_decode_step(q, k, v, basis, rel_bias, mem_bias, state, window=window, backend="torch")
     assert rms_rel(got.double(), want.double()) <= 5e-3
-    assert torch.equal(state.keys, twin.keys) and torch.equal(state.values, twin.values)
+    assert torch.equal(new.keys, twin.keys) and torch.equal(new.values, twin.values)
     ms = do_bench(lambda: recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, window=window),
                   warmup=25, rep=100, return_mode="median")
     state_mib = sum(x.numel() * x.element_size() for x in (state.keys, state.values, state.mem_sum)) / 2**20

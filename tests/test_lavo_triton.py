@@ -242,15 +242,17 @@ def test_wide_head_dims(dim, rank, causal):
 @pytest.mark.parametrize("window", [6, 1, 70])
 def test_decode_steps_match_the_whole_sequence(window):
     # token by token through the Triton step == the reference on the whole sequence;
-    # the state ends as the PyTorch step leaves it
+    # the state ends as the PyTorch step leaves it; a step leaves the state it was given as it was
     batch, n, heads, dim, rank = 2, 20, 2, 8, 4
     q, k, v, basis, rel_bias, mem_bias = make_inputs(batch, n, n, heads, dim, rank, window, True, seed=window)
     want = reference_lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=window).double()
     states = [LavoDecodeState.empty(batch, heads, dim, rank, window) for _ in range(2)]
     for t in range(n):
         step = [x[:, t] for x in (q, k, v)]
-        got, _ = recurrent_lavo_step(*step, basis, rel_bias, mem_bias, states[0], window=window)
-        lavo_decode_step(*step, basis, rel_bias, mem_bias, states[1], window=window, backend="torch")
+        before = [x.clone() for x in states[0][:3]]
+        got, new = recurrent_lavo_step(*step, basis, rel_bias, mem_bias, states[0], window=window)
+        assert all(torch.equal(x, y) for x, y in zip(states[0][:3], before)) and states[0].count == t
+        states = [new, lavo_decode_step(*step, basis, rel_bias, mem_bias, states[1], window=window, backend="torch")[1]]
         err = (got.double() - want[:, t]).abs().max() / want[:, t].abs().max()
         assert err <= 1e-4, f"position {t}: relative max error {err:.2e}"
     triton_state, torch_state = states

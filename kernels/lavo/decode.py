@@ -1,9 +1,10 @@
 """LAVO decoding: constant-size state for causal self-attention, a prepared source for
 cross-attention. Layout and update rule here are the contract the Triton decode kernel
-(`recurrent.recurrent_lavo_step`) implements as well.
+(`recurrent.recurrent_lavo_step`) implements as well. States are values: a step returns
+a new state and leaves the one it was given as it was.
 """
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -12,8 +13,7 @@ from .attn import lavo_attn
 from .torch_path import coefficients, compute_dtype, prefix_means, readout, segment_means
 
 
-@dataclass
-class LavoDecodeState:
+class LavoDecodeState(NamedTuple):
     """What causal self-attention (CS) keeps between tokens, per batch row and head.
 
     - `keys`, `values` [B, H, w-1, d], in the dtype of k and v: a ring buffer of the
@@ -27,7 +27,7 @@ class LavoDecodeState:
     A step at position t = count: mem_sum += B v_t; h = mem_sum / (t + 1); logits over
     the filled buffer slots (bias rel_bias[t - p]), the current token (bias rel_bias[0])
     and the r memory slots; then k_t, v_t are written to slot t % (w-1) and count becomes
-    t + 1. The step updates these tensors in place (no allocation per token).
+    t + 1. The step writes the new buffer and sum into new tensors.
     """
 
     keys: torch.Tensor
@@ -48,7 +48,8 @@ def lavo_decode_step(q, k, v, basis, rel_bias, mem_bias, state, *, window, scale
     `lavo_attn(..., causal=True, cross=False)` at position `state.count`.
 
     basis [H, r, d], rel_bias [H, window], mem_bias [H] (or [H, 1]). `state` (see
-    LavoDecodeState) is updated in place and returned. Cost O((w + r) d) per head.
+    LavoDecodeState) is left as it was; the state after the token is returned. Cost
+    O((w + r) d) per head.
     """
     _check_step_args(q, k, v, basis, rel_bias, mem_bias, state, window)
     def run_torch():
@@ -71,17 +72,16 @@ def lavo_prefill(q, k, v, basis, rel_bias, mem_bias, *, window, scale=None, back
     calls of `lavo_decode_step` from an empty state would leave it."""
     o = lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=window, scale=scale, backend=backend)
     batch, steps, heads, dim = k.shape
-    state = LavoDecodeState.empty(batch, heads, dim, basis.shape[1], window, dtype=k.dtype, device=k.device)
-    cdt = state.mem_sum.dtype
+    empty = LavoDecodeState.empty(batch, heads, dim, basis.shape[1], window, dtype=k.dtype, device=k.device)
+    cdt = empty.mem_sum.dtype
     with torch.autocast(k.device.type, enabled=False):  # the sum in float32 whatever the caller's autocast
-        state.mem_sum = coefficients(v.transpose(1, 2).to(cdt), basis.to(cdt)).sum(2)  # [B, H, r]
-    ring = window - 1
+        mem_sum = coefficients(v.transpose(1, 2).to(cdt), basis.to(cdt)).sum(2)  # [B, H, r]
+    keys, values, ring = empty.keys.clone(), empty.values.clone(), window - 1
     if ring:
         positions = torch.arange(max(0, steps - ring), steps, device=k.device)  # the last w-1 positions
-        state.keys[:, :, positions % ring] = k[:, positions].transpose(1, 2)
-        state.values[:, :, positions % ring] = v[:, positions].transpose(1, 2)
-    state.count = steps
-    return o, state
+        keys[:, :, positions % ring] = k[:, positions].transpose(1, 2)
+        values[:, :, positions % ring] = v[:, positions].transpose(1, 2)
+    return o, LavoDecodeState(keys, values, mem_sum, steps)
 
 
 def _torch_step(q, k, v, basis, rel_bias, mem_bias, state, window, scale):
@@ -90,8 +90,8 @@ def _torch_step(q, k, v, basis, rel_bias, mem_bias, state, window, scale):
     scale = dim**-0.5 if scale is None else scale
     t, ring = state.count, window - 1
     qc, kc, vc, basis_c = (x.to(cdt) for x in (q, k, v, basis))
-    state.mem_sum += coefficients(vc[:, :, None], basis_c)[:, :, 0]
-    h = state.mem_sum / (t + 1)  # [B, H, r]
+    mem_sum = state.mem_sum + coefficients(vc[:, :, None], basis_c)[:, :, 0]
+    h = mem_sum / (t + 1)  # [B, H, r]
 
     slot = torch.arange(ring, device=q.device)
     position = t - ring + (slot - (t - ring)) % ring  # the position each slot holds
@@ -106,11 +106,12 @@ def _torch_step(q, k, v, basis, rel_bias, mem_bias, state, window, scale):
     local_weights, o_mem = readout(logits[:, :, None], h[:, :, None, None], bq, mu, basis_c, scale)
     o = local_weights @ values + o_mem  # [B, H, 1, d]
 
+    keys, values = state.keys, state.values
     if ring:
-        state.keys[:, :, t % ring] = k
-        state.values[:, :, t % ring] = v
-    state.count = t + 1
-    return o[:, :, 0].to(q.dtype), state
+        slot = torch.tensor([t % ring], device=q.device)
+        keys = keys.index_copy(2, slot, k[:, :, None].to(keys.dtype))
+        values = values.index_copy(2, slot, v[:, :, None].to(values.dtype))
+    return o[:, :, 0].to(q.dtype), LavoDecodeState(keys, values, mem_sum, t + 1)
 
 
 def _check_step_args(q, k, v, basis, rel_bias, mem_bias, state, window):
@@ -134,8 +135,7 @@ def _check_step_args(q, k, v, basis, rel_bias, mem_bias, state, window):
         raise ValueError(f"state.mem_sum {tuple(state.mem_sum.shape)}: expected {(batch, heads, rank)}")
 
 
-@dataclass
-class LavoSource:
+class LavoSource(NamedTuple):
     """A cross-attention source prepared once for decoding (CC, NC).
 
     keys, values [B, H, m, d] and valid [B, m] (1 = real position) in the compute dtype;

@@ -3,8 +3,10 @@
 
 One program per (batch row, head): the memory sum takes B v_t, the r memory logits come
 from h = sum / (t + 1), then the ring buffer's filled slots (in blocks, one online
-softmax) and the current token; the new key and value go into slot t % (w-1) after
-every slot was read. Cost O((w + r) d) per head, whatever the context length.
+softmax) and the current token. The new state goes to new buffers: each block of the
+ring is written out as it is read, with the current key and value in slot t % (w-1),
+so the ring is read once and written once and the given state is left as it was.
+Cost O((w + r) d) per head, whatever the context length.
 """
 
 import functools
@@ -13,12 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode import LavoDecodeState
+
 RING_BLOCK = 64  # buffer slots per step of the loop over the ring
 
 
 @triton.jit
 def lavo_step_kernel(
-    Q, K, V, BAS, RHO, MU, KEYS, VALUES, MEM, O,
+    Q, K, V, BAS, RHO, MU, KEYS, VALUES, MEM, NEW_KEYS, NEW_VALUES, NEW_MEM, O,
     H, t, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
     RING: tl.constexpr, BLK: tl.constexpr, NBLK: tl.constexpr,
@@ -36,7 +40,7 @@ def lavo_step_kernel(
 
     # memory: S += B v_t, h = S / (t + 1), logits scale * h_i (B q)_i + mu (log2 units)
     mem = tl.load(MEM + bh * R + rr, mask=r_ok, other=0.0) + tl.sum(basis * v.to(tl.float32)[None, :], 1)
-    tl.store(MEM + bh * R + rr, mem, mask=r_ok)
+    tl.store(NEW_MEM + bh * R + rr, mem, mask=r_ok)
     hm = mem / (t + 1)
     g = tl.sum(basis * q[None, :], 1)
     e = tl.where(r_ok, (scale * hm * g + tl.load(MU + h)) * 1.4426950408889634, float("-inf"))
@@ -49,14 +53,21 @@ def lavo_step_kernel(
     l_i = tl.sum(pm, 0) + p_cur
     acc = tl.sum((pm * hm)[:, None] * basis, 0) + p_cur * v.to(tl.float32)  # [BD]
 
-    # the ring buffer: slot s holds position t - RING + ((s - t + RING) mod RING), if >= 0
+    # the ring buffer: slot s holds position t - RING + ((s - t + RING) mod RING), if >= 0;
+    # every slot is copied to the new buffers, slot t % RING with the current token instead
     for b in range(NBLK):
         slot = b * BLK + tl.arange(0, BLK)
         position = t - RING + (slot - t % RING + RING) % RING
+        in_ring = (slot < RING)[:, None] & d_ok[None, :]
         ok = (slot < RING) & (position >= 0)
         offs = (bh * RING + slot)[:, None].to(tl.int64) * D + dd[None, :]
-        kb = tl.load(KEYS + offs, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        vb = tl.load(VALUES + offs, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        kb = tl.load(KEYS + offs, mask=in_ring, other=0.0)
+        vb = tl.load(VALUES + offs, mask=in_ring, other=0.0)
+        current = (slot == t % RING)[:, None]
+        tl.store(NEW_KEYS + offs, tl.where(current, k[None, :], kb), mask=in_ring)
+        tl.store(NEW_VALUES + offs, tl.where(current, v[None, :], vb), mask=in_ring)
+        kb = tl.where(ok[:, None], kb.to(tl.float32), 0.0)
+        vb = tl.where(ok[:, None], vb.to(tl.float32), 0.0)
         bias = tl.load(RHO + h * (RING + 1) + (t - position), mask=ok, other=0.0)
         s = tl.where(ok, (scale * tl.sum(kb * q[None, :], 1) + bias) * 1.4426950408889634, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))
@@ -67,35 +78,30 @@ def lavo_step_kernel(
         m_i = m_new
     tl.store(O + bh * D + dd, (acc / l_i).to(O.dtype.element_ty), mask=d_ok)
 
-    if RING > 0:  # every slot was read above; now the current token replaces position t - RING
-        tl.debug_barrier()
-        offs = (bh * RING + t % RING).to(tl.int64) * D + dd
-        tl.store(KEYS + offs, k, mask=d_ok)
-        tl.store(VALUES + offs, v, mask=d_ok)
-
 
 def recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, *, window, scale=None):
     """`lavo_decode_step` on Triton (same arguments without `backend`, checked by the
-    caller): q, k, v [B, H, d] -> (o [B, H, d], state), state updated in place.
+    caller): q, k, v [B, H, d] -> (o [B, H, d], the state after the token); `state` is
+    left as it was.
 
     A decode step is a few microseconds of GPU work, so the host side is kept to the
     launch: tensors already in the layout the kernel reads are passed as they are."""
     if state.mem_sum.dtype != torch.float32 or q.dtype == torch.float64:
         raise NotImplementedError("float64 decoding has no Triton kernel; use backend='torch'")
-    if not (state.keys.is_contiguous() and state.values.is_contiguous() and state.mem_sum.is_contiguous()):
-        raise ValueError("state.keys/values/mem_sum: the Triton step updates them in place; they must be contiguous")
     batch, heads, dim = q.shape
     scale = dim**-0.5 if scale is None else float(scale)
-    q, k, v = _ready(q, q.dtype), _ready(k, state.keys.dtype), _ready(v, state.values.dtype)
+    keys, values = _ready(state.keys, state.keys.dtype), _ready(state.values, state.values.dtype)
+    mem_sum = _ready(state.mem_sum, torch.float32)
+    q, k, v = _ready(q, q.dtype), _ready(k, keys.dtype), _ready(v, values.dtype)
+    new = LavoDecodeState(torch.empty_like(keys), torch.empty_like(values), torch.empty_like(mem_sum), state.count + 1)
     o = torch.empty_like(q)
     # the kernel reads mem_bias[h] of a contiguous [H] or [H, 1] tensor alike
     lavo_step_kernel[(batch * heads,)](
         q, k, v, _ready(basis, torch.float32), _ready(rel_bias, torch.float32), _ready(mem_bias, torch.float32),
-        state.keys, state.values, state.mem_sum, o, heads, state.count, scale,
+        keys, values, mem_sum, new.keys, new.values, new.mem_sum, o, heads, state.count, scale,
         **_step_meta(dim, basis.shape[1], window),
     )
-    state.count += 1
-    return o, state
+    return o, new
 
 
 def _ready(x, dtype):

@@ -1,4 +1,20 @@
-"""What every attention block shares: the pattern check and the config check."""
+"""What every attention block shares: the keyword arguments and their check, the input
+checks, the decode-state rules, splitting heads and zeroing padded queries.
+
+A subclass sets `name` and `patterns`, takes its own keys as keyword arguments with
+defaults (the ones of configs/attention/<name>.yaml; the config validation calls its
+`check_config` on a site's config before any model is built) and implements
+
+    _whole(x, source, key_mask) -> y [B, T, D]       the whole sequence (training)
+    _step(x, state) -> (y [B, t, D], state)          t positions after those `state` saw
+    _self_state(batch_size) -> state                 CS: the state before position 0
+    _cross_state(context, context_mask) -> state     CC, NC: the source, read once
+
+Decode states are values: NamedTuples of batch-first tensors (and plain ints), never
+changed in place, so that lavo_tasks.generation.reorder can follow a beam.
+"""
+
+import inspect
 
 import torch
 from omegaconf import DictConfig
@@ -20,26 +36,35 @@ def pattern_of(causal: bool, cross: bool) -> str:
 
 
 class AttentionBlock(nn.Module):
-    """Base class of the blocks; subclasses set `name` and `patterns` and implement
-    `check_config`, `init_state(batch_size, context=None, context_mask=None)` and
-    `forward(x, context=None, mask=None, context_mask=None, state=None) -> (y, state)`
-    (see the package docstring)."""
+    """Base class of the blocks (the interface: the package docstring)."""
 
     name: str = ""
     patterns: frozenset[str] = frozenset()
 
-    def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
+    def __init__(self, d_model: int, n_heads: int, *, causal: bool, cross: bool, **options):
+        """options: the subclass's own keyword arguments, checked here by check_config."""
         super().__init__()
+        unknown = sorted(set(options) - set(self.option_names()))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unknown argument {unknown[0]!r}; "
+                            f"its own are: {', '.join(self.option_names()) or 'none'}")
         self.pattern = pattern_of(causal, cross)
-        self.check_config(cfg, d_model, n_heads, self.pattern)
+        self.check_config(options, d_model, n_heads, self.pattern)
         self.causal, self.cross = causal, cross
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The block's own keyword arguments: its config keys besides `name`."""
+        parameters = inspect.signature(cls.__init__).parameters.values()
+        return tuple(p.name for p in parameters if p.kind is p.KEYWORD_ONLY and p.name not in ("causal", "cross"))
 
     @classmethod
     def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int, pattern: str) -> None:
         """Raise ConfigError naming `attention.<key>` for a bad value, or the pattern if
         the block cannot run it. The config validation calls this for every attention
-        site of a task before any work; subclasses extend it."""
+        site of a task before any work; subclasses extend it. `cfg` is anything with
+        `.get` (a DictConfig, or the keyword arguments as a dict)."""
         if pattern not in cls.patterns:
             supported = ", ".join(f"{p} ({PATTERN_NAMES[p]})" for p in sorted(cls.patterns))
             raise ConfigError(
@@ -48,6 +73,43 @@ class AttentionBlock(nn.Module):
             )
         if n_heads < 1 or d_model % n_heads:
             raise ConfigError(f"model.n_heads={n_heads}: must be >= 1 and divide model.d_model={d_model}")
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:2], self.n_heads, self.head_dim)  # [B, T, D] -> [B, T, H, d]
+
+    def forward(self, x, context=None, mask=None, context_mask=None, state=None):
+        """x [B, T, D]; context [B, S, D] (cross-attention) or None; mask [B, T] and
+        context_mask [B, S] bool (True = real) or None; state None (the whole sequence) or
+        a decode state (x: the positions after those it saw; context and context_mask
+        were read at init_state and are ignored). -> (y [B, T, D], new state or None)."""
+        check_mask(mask, x, "mask")
+        if state is None:
+            if self.cross != (context is not None):
+                need = "a context [B, S, D]" if self.cross else "no context"
+                raise ValueError(f"attention {self.name!r} ({self.pattern}) needs {need}")
+            source, key_mask = (context, context_mask) if self.cross else (x, mask)
+            if self.cross:
+                check_mask(context_mask, context, "context_mask")
+            y = self._whole(x, source, key_mask)
+        else:
+            if mask is not None:
+                raise ValueError(f"attention {self.name!r}: decoding takes real positions only (mask must be None)")
+            y, state = self._step(x, state)
+        if mask is not None:
+            y = y * mask[..., None]  # padded queries output 0
+        return y, state
+
+    def init_state(self, batch_size: int, context=None, context_mask=None):
+        """The decode state before the first target position; cross-attention reads the
+        context [B, S, D] (and context_mask [B, S]) here, once."""
+        if self.pattern == "NS":
+            raise ValueError(f"attention {self.name!r}: noncausal self-attention (NS) cannot be decoded step by step")
+        if not self.cross:
+            return self._self_state(batch_size)
+        if context is None:
+            raise ValueError(f"attention {self.name!r} ({self.pattern}): init_state needs the context")
+        check_mask(context_mask, context, "context_mask")
+        return self._cross_state(context, context_mask)
 
 
 def is_int(value) -> bool:

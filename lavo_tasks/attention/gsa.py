@@ -6,7 +6,7 @@ kept in fp32; the op's output goes SiLU -> RMSNorm (per head) -> output projecti
 cross-attention the gates, keys and values come from the context, the queries from x.
 """
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -17,11 +17,10 @@ from ..errors import ConfigError
 from ..kernels import gsa_attn, gsa_decode_step
 from ..kernels.backend import resolve_backend
 from ..kernels.gsa.output_norm import silu_rms_norm
-from .base import AttentionBlock, check_backend, check_count, check_mask
+from .base import AttentionBlock, check_backend, check_count
 
 
-@dataclass
-class GsaDecodeState:
+class GsaDecodeState(NamedTuple):
     """Decode state of `gsa`, constant size in the number of target positions.
 
     CS: `memory` holds the slots after the positions seen so far. CC: `source` holds the
@@ -31,8 +30,8 @@ class GsaDecodeState:
     """
 
     memory: tuple[torch.Tensor, torch.Tensor]  # (K~ [B, H, M, d], V~ [B, H, M, d]) in fp32
-    source: tuple | None = None  # CC: (k [B,S,H,d], v [B,S,H,d], log_alpha [B,S,H,M], mask [B,S] or None)
-    position: int = 0  # target positions before the next call
+    source: tuple | None  # CC: (k [B,S,H,d], v [B,S,H,d], log_alpha [B,S,H,M], mask [B,S] or None)
+    position: int  # target positions before the next call
 
 
 class GatedSlotAttention(AttentionBlock):
@@ -48,9 +47,10 @@ class GatedSlotAttention(AttentionBlock):
             raise ConfigError(f"attention.tau={tau!r}: must be a number > 0")
         check_backend(backend)
 
-    def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
-        super().__init__(cfg, d_model, n_heads=n_heads, causal=causal, cross=cross)
-        self.slots, self.tau, self.backend = int(cfg.slots), float(cfg.tau), str(cfg.backend)
+    def __init__(self, d_model: int, n_heads: int, *, causal: bool, cross: bool, slots: int = 64, tau: float = 8.0,
+                 backend: str = "auto"):
+        super().__init__(d_model, n_heads, causal=causal, cross=cross, slots=slots, tau=tau, backend=backend)
+        self.slots, self.tau, self.backend = slots, float(tau), backend
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
         self.k_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model, bias=False)
@@ -60,28 +60,21 @@ class GatedSlotAttention(AttentionBlock):
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
 
     def _queries(self, x):
-        return F.silu(self.q_proj(x)).view(*x.shape[:2], self.n_heads, self.head_dim)  # [B, T, H, d]
+        return self.split_heads(F.silu(self.q_proj(x)))  # [B, T, H, d]
 
     def _source(self, source):
         """k, v [B, S, H, d] and log alpha [B, S, H, M] (fp32) of the positions written."""
-        shape = (*source.shape[:2], self.n_heads)
-        k = F.silu(self.k_proj(source)).view(*shape, self.head_dim)
-        v = F.silu(self.v_proj(source)).view(*shape, self.head_dim)
-        log_alpha = F.logsigmoid(self.f_proj(source).float()).view(*shape, self.slots) / self.tau
+        k, v = self.split_heads(F.silu(self.k_proj(source))), self.split_heads(F.silu(self.v_proj(source)))
+        log_alpha = F.logsigmoid(self.f_proj(source).float()).view(*source.shape[:2], self.n_heads, self.slots) / self.tau
         return k, v, log_alpha
 
-    def forward(self, x, context=None, mask=None, context_mask=None, state=None):
-        check_mask(mask, x, "mask")
-        if state is not None:
-            o, state = self._decode(x, mask, state)
-        else:
-            if self.cross != (context is not None):
-                need = "a context [B, S, D]" if self.cross else "no context"
-                raise ValueError(f"attention {self.name!r} ({self.pattern}) needs {need}")
-            source, kv_mask = (context, context_mask) if self.cross else (x, mask)
-            check_mask(kv_mask, source, "context_mask" if self.cross else "mask")
-            o, _ = gsa_attn(self._queries(x), *self._source(source), causal=self.causal, cross=self.cross,
-                            kv_mask=kv_mask, backend=self.backend)
+    def _whole(self, x, source, key_mask):
+        o, _ = gsa_attn(self._queries(x), *self._source(source), causal=self.causal, cross=self.cross,
+                        kv_mask=key_mask, backend=self.backend)
+        return self._output(o)
+
+    def _output(self, o):
+        """o [B, T, H, d] from the op -> y [B, T, D]."""
         # SiLU -> RMSNorm in o's dtype, autocast or not (under autocast bf16: fp32 inside, and
         # the output projection takes bf16 anyway), fused on the Triton path: PyTorch's norm
         # kernel takes one 64-wide row per thread block (H200, CAB's sizes, forward +
@@ -89,42 +82,38 @@ class GatedSlotAttention(AttentionBlock):
         use_triton = resolve_backend(self.backend, o) == "triton"
         with torch.autocast(o.device.type, enabled=False):
             o = silu_rms_norm(o, self.norm.weight, self.norm.eps, use_triton=use_triton)
-        y = self.out_proj(o.reshape(x.shape))  # [B, T, H, d] -> [B, T, D]
-        if mask is not None:
-            y = y * mask[..., None]  # padded queries output 0
-        return y, state
+        return self.out_proj(o.flatten(2))  # [B, T, H, d] -> [B, T, D]
 
-    def init_state(self, batch_size: int, context=None, context_mask=None) -> GsaDecodeState:
-        if self.pattern == "NS":
-            raise ValueError(f"attention {self.name!r}: noncausal self-attention (NS) cannot be decoded step by step")
+    def _empty_memory(self, batch_size: int):
         weight = self.q_proj.weight
-        memory = tuple(weight.new_zeros(batch_size, self.n_heads, self.slots, self.head_dim, dtype=torch.float32)
-                       for _ in range(2))
-        if not self.cross:
-            return GsaDecodeState(memory)
-        if context is None:
-            raise ValueError(f"attention {self.name!r} ({self.pattern}): init_state needs the context")
-        check_mask(context_mask, context, "context_mask")
+        return tuple(weight.new_zeros(batch_size, self.n_heads, self.slots, self.head_dim, dtype=torch.float32)
+                     for _ in range(2))
+
+    def _self_state(self, batch_size: int) -> GsaDecodeState:
+        return GsaDecodeState(self._empty_memory(batch_size), None, 0)
+
+    def _cross_state(self, context, context_mask) -> GsaDecodeState:
+        memory = self._empty_memory(context.shape[0])
         k, v, log_alpha = self._source(context)
         if self.causal:
-            return GsaDecodeState(memory, source=(k, v, log_alpha, context_mask))
+            return GsaDecodeState(memory, (k, v, log_alpha, context_mask), 0)
         # NC: the final source state, once; a zero query stands in (its output is unused).
         _, memory = gsa_attn(k.new_zeros(k.shape[0], 1, *k.shape[2:]), k, v, log_alpha, causal=False, cross=True,
                              kv_mask=context_mask, output_final_state=True, backend=self.backend)
-        return GsaDecodeState(memory)
+        return GsaDecodeState(memory, None, 0)
 
-    def _decode(self, x, mask, state: GsaDecodeState):
-        """Outputs of the t = x.shape[1] positions after state.position, and the new state."""
+    def _step(self, x, state: GsaDecodeState):
+        """Outputs y [B, t, D] of the t = x.shape[1] positions after state.position, and the new state."""
         q, t = self._queries(x), x.shape[1]
         if not self.cross:
             k, v, log_alpha = self._source(x)
-            if t == 1 and mask is None:  # the one-token step of generation
+            if t == 1:  # the one-token step of generation
                 o, memory = gsa_decode_step(q[:, 0], k[:, 0], v[:, 0], log_alpha[:, 0], state.memory,
                                             backend=self.backend)
-                return o[:, None], GsaDecodeState(memory, position=state.position + 1)
+                return self._output(o[:, None]), GsaDecodeState(memory, None, state.position + 1)
             o, memory = gsa_attn(q, k, v, log_alpha, initial_state=state.memory, output_final_state=True,
-                                 kv_mask=mask, backend=self.backend)
-            return o, GsaDecodeState(memory, position=state.position + t)
+                                 backend=self.backend)
+            return self._output(o), GsaDecodeState(memory, None, state.position + t)
         if self.causal:
             # CC: these queries read source positions up to min(position + t, m) - 1, so the
             # source scan advances by that segment (empty once the source is used up).
@@ -134,9 +123,9 @@ class GatedSlotAttention(AttentionBlock):
             o, memory = gsa_attn(q, k[:, segment], v[:, segment], log_alpha[:, segment], causal=True, cross=True,
                                  initial_state=state.memory, output_final_state=True, kv_mask=seg_mask,
                                  backend=self.backend)
-            return o, GsaDecodeState(memory, source=state.source, position=state.position + t)
+            return self._output(o), GsaDecodeState(memory, state.source, state.position + t)
         # NC: every query reads the final source state (an empty source writes nothing).
         empty = q.new_zeros(q.shape[0], 0, *q.shape[2:])
         o, _ = gsa_attn(q, empty, empty, empty.new_zeros(*empty.shape[:3], self.slots, dtype=torch.float32),
                         causal=False, cross=True, initial_state=state.memory, backend=self.backend)
-        return o, GsaDecodeState(state.memory, position=state.position + t)
+        return self._output(o), GsaDecodeState(state.memory, None, state.position + t)

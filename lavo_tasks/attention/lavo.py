@@ -15,11 +15,11 @@ source and target positions do not share an axis.
 
 Decode states (`LavoState`, constant size in the target length): CS, a ring buffer of
 w-1 keys (rotated) and values and the fp32 memory sum; CC and NC, the source projected
-and summarised once at `init_state`; NS is never decoded. A decode call may update the
-state's tensors in place: use the state it returns.
+and summarised once at `init_state`; NS is never decoded. A decode call returns a new
+state and leaves the one it was given as it was.
 """
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from omegaconf import DictConfig
@@ -35,27 +35,26 @@ from ..kernels.lavo import (
     lavo_prefill,
     lavo_source,
 )
-from .base import AttentionBlock, check_backend, check_count, check_mask, check_window, is_int
+from .base import AttentionBlock, check_backend, check_count, check_window, is_int
 from .rope import apply_rope
 
 BASIS_KINDS = ("learned", "fixed")
 
 
-@dataclass
-class LavoState:
+class LavoState(NamedTuple):
     """Decode state of `lavo`; its size does not grow with the target length.
 
-    `basis` [H, r, d] is evaluated once at init_state (the learned basis costs a solve per
-    evaluation, and decoding does not change it). CS: `memory` is the
-    ring buffer + fp32 memory sum (`LavoDecodeState`). CC, NC: `source` is the context
-    projected and summarised once (`LavoSource`). `position`: how many target positions
-    came before the next call.
+    `basis` [B, H, r, d] is the basis evaluated once at init_state (the learned basis
+    costs a solve per evaluation, and decoding does not change it), broadcast over the
+    batch (stride 0: one copy in memory). CS: `memory` is the ring buffer + fp32 memory
+    sum (`LavoDecodeState`). CC, NC: `source` is the context projected and summarised
+    once (`LavoSource`). `position`: how many target positions came before the next call.
     """
 
     basis: torch.Tensor
-    memory: LavoDecodeState | None = None
-    source: LavoSource | None = None
-    position: int = 0
+    memory: LavoDecodeState | None
+    source: LavoSource | None
+    position: int
 
 
 class LavoAttention(AttentionBlock):
@@ -78,10 +77,12 @@ class LavoAttention(AttentionBlock):
         check_count("cross_segments", segments)
         check_backend(cfg.get("backend"))
 
-    def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
-        super().__init__(cfg, d_model, n_heads=n_heads, causal=causal, cross=cross)
-        self.window, self.rank, self.backend = int(cfg.window), int(cfg.rank), str(cfg.backend)
-        self.segments = int(cfg.cross_segments) if self.pattern == "NC" else 1
+    def __init__(self, d_model: int, n_heads: int, *, causal: bool, cross: bool, window: int = 32, rank: int = 16,
+                 basis: str = "learned", cross_segments: int = 1, backend: str = "auto"):
+        super().__init__(d_model, n_heads, causal=causal, cross=cross, window=window, rank=rank, basis=basis,
+                         cross_segments=cross_segments, backend=backend)
+        self.window, self.rank, self.backend = window, rank, backend
+        self.segments = cross_segments if self.pattern == "NC" else 1
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
         self.k_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model, bias=False)
@@ -89,7 +90,7 @@ class LavoAttention(AttentionBlock):
 
         # The basis starts as the QR of a Gaussian drawn from the global RNG (seeded by the run).
         gaussian = torch.randn(n_heads, self.rank, self.head_dim)
-        if cfg.basis == "learned":
+        if basis == "learned":
             self.basis_map = CayleyBasis(gaussian)
         else:
             q, _ = torch.linalg.qr(gaussian.transpose(1, 2))  # [H, d, r], orthonormal columns
@@ -105,70 +106,49 @@ class LavoAttention(AttentionBlock):
         """[H, r, d] with orthonormal rows."""
         return self.basis_map.weight if hasattr(self, "basis_map") else self.fixed_basis
 
-    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        return x.view(*x.shape[:2], self.n_heads, self.head_dim)  # [B, T, D] -> [B, T, H, d]
-
     def _queries(self, x: torch.Tensor, offset: int) -> torch.Tensor:
         """x [B, T, D] at positions offset.. -> q [B, T, H, d] (rotated in self-attention)."""
-        q = self._split_heads(self.q_proj(x))
+        q = self.split_heads(self.q_proj(x))
         return q if self.cross else apply_rope(q, offset)
 
     def _keys_values(self, source: torch.Tensor, offset: int = 0):
         """source [B, S, D] at positions offset.. -> k, v [B, S, H, d] (k rotated in self-attention)."""
-        k, v = self._split_heads(self.k_proj(source)), self._split_heads(self.v_proj(source))
+        k, v = self.split_heads(self.k_proj(source)), self.split_heads(self.v_proj(source))
         return (k if self.cross else apply_rope(k, offset)), v
 
-    def forward(self, x, context=None, mask=None, context_mask=None, state=None):
-        if self.cross != (context is not None) and state is None:
-            need = "a context [B, S, D]" if self.cross else "no context"
-            raise ValueError(f"attention {self.name!r} ({self.pattern}) needs {need}")
-        check_mask(mask, x, "mask")
-        q = self._queries(x, 0 if state is None else state.position)  # [B, T, H, d]
-        if state is not None:
-            if mask is not None:
-                raise ValueError(f"attention {self.name!r}: decoding takes real positions only (mask must be None)")
-            o, state = self._decode(q, x, state)
-        else:
-            source, key_mask = (context, context_mask) if self.cross else (x, mask)
-            check_mask(context_mask, source, "context_mask")
-            k, v = self._keys_values(source)
-            o = lavo_attn(
-                q, k, v, self.basis, self.rel_bias, self.mem_bias, window=self.window, causal=self.causal,
-                cross=self.cross, segments=self.segments, kv_mask=key_mask, backend=self.backend,
-            )
-        y = self.out_proj(o.reshape(x.shape))  # [B, T, H, d] -> [B, T, D]
-        if mask is not None:
-            y = y * mask[..., None]  # padded queries output 0
-        return y, state
+    def _whole(self, x, source, key_mask):
+        o = lavo_attn(
+            self._queries(x, 0), *self._keys_values(source), self.basis, self.rel_bias, self.mem_bias,
+            window=self.window, causal=self.causal, cross=self.cross, segments=self.segments, kv_mask=key_mask,
+            backend=self.backend,
+        )
+        return self.out_proj(o.flatten(2))  # [B, T, H, d] -> [B, T, D]
 
-    def init_state(self, batch_size: int, context=None, context_mask=None) -> LavoState:
-        if self.pattern == "NS":
-            raise ValueError(f"attention {self.name!r}: noncausal self-attention (NS) cannot be decoded step by step")
-        basis = self.basis
-        if not self.cross:
-            weight = self.q_proj.weight
-            memory = LavoDecodeState.empty(
-                batch_size, self.n_heads, self.head_dim, self.rank, self.window, dtype=weight.dtype, device=weight.device
-            )
-            return LavoState(basis, memory=memory)
-        if context is None:
-            raise ValueError(f"attention {self.name!r} ({self.pattern}): init_state needs the context")
-        check_mask(context_mask, context, "context_mask")
+    def _self_state(self, batch_size: int) -> LavoState:
+        weight = self.q_proj.weight
+        memory = LavoDecodeState.empty(
+            batch_size, self.n_heads, self.head_dim, self.rank, self.window, dtype=weight.dtype, device=weight.device
+        )
+        return LavoState(_over_batch(self.basis, batch_size), memory, None, 0)
+
+    def _cross_state(self, context, context_mask) -> LavoState:
         k, v = self._keys_values(context)
+        basis = self.basis
         source = lavo_source(k, v, basis, causal=self.causal, segments=self.segments, kv_mask=context_mask)
-        return LavoState(basis, source=source)
+        return LavoState(_over_batch(basis, context.shape[0]), None, source, 0)
 
-    def _decode(self, q, x, state: LavoState):
-        """q [B, t, H, d] for the t positions after those `state` has seen -> o [B, t, H, d]."""
-        steps = q.shape[1]
+    def _step(self, x, state: LavoState):
+        """x [B, t, D]: the t positions after those `state` has seen -> (y [B, t, D], new state)."""
+        q, basis = self._queries(x, state.position), state.basis[0]  # q [B, t, H, d]
+        memory = state.memory
         if self.cross:
             o = lavo_cross_decode(
-                q, state.source, state.basis, self.rel_bias, self.mem_bias, window=self.window, start=state.position
+                q, state.source, basis, self.rel_bias, self.mem_bias, window=self.window, start=state.position
             )
         else:
-            o, state.memory = self._decode_self(q, x, state.basis, state.memory, state.position)
-        state.position += steps
-        return o, state
+            o, memory = self._decode_self(q, x, basis, memory, state.position)
+        new_state = LavoState(state.basis, memory, state.source, state.position + x.shape[1])
+        return self.out_proj(o.flatten(2)), new_state
 
     def _decode_self(self, q, x, basis, memory: LavoDecodeState, position: int):
         k, v = self._keys_values(x, position)
@@ -180,6 +160,10 @@ class LavoAttention(AttentionBlock):
             o, memory = lavo_decode_step(q[:, i], k[:, i], v[:, i], basis, self.rel_bias, self.mem_bias, memory, **options)
             outputs.append(o)
         return torch.stack(outputs, dim=1), memory
+
+
+def _over_batch(basis: torch.Tensor, batch_size: int) -> torch.Tensor:
+    return basis[None].expand(batch_size, -1, -1, -1)  # [H, r, d] -> [B, H, r, d], one copy in memory
 
 
 class CayleyBasis(nn.Module):

@@ -7,7 +7,7 @@ its neighbours (the previous one; and the next one in NS) under a band mask, nev
 a T x T score matrix.
 """
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -53,16 +53,15 @@ def window_attention(
     return out.reshape(B, H, n * c, d)[:, :, :T]
 
 
-@dataclass
-class WindowCache:
+class WindowCache(NamedTuple):
     """Decode state of `local` (CS), of fixed size: the keys (rotated at their positions)
     and values of the last w-1 positions, oldest first (the design's ring buffer, kept in
-    order by shifting), and which slots hold a position: while fewer than w-1 positions
-    were seen, the first slots are empty. With the current position, that is the window."""
+    order by shifting). Slot s holds position `position - (w-1) + s`; while fewer than
+    w-1 positions were seen, the first slots hold none (zeros, never read). With the
+    current position, that is the window."""
 
     k: torch.Tensor  # [B, H, w-1, d]
     v: torch.Tensor  # [B, H, w-1, d]
-    filled: torch.Tensor  # [w-1] bool
     position: int  # how many positions came before the next call
 
 
@@ -75,21 +74,18 @@ class LocalAttention(SoftmaxAttention):
         super().check_config(cfg, d_model, n_heads, pattern)
         check_window(cfg.get("window"), pattern)
 
-    def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
-        super().__init__(cfg, d_model, n_heads=n_heads, causal=causal, cross=cross)
-        self.window = int(cfg.window)
+    def __init__(self, d_model: int, n_heads: int, *, causal: bool, cross: bool, window: int = 32):
+        super().__init__(d_model, n_heads, causal=causal, cross=cross, window=window)
+        self.window = window
 
     def _attend(self, q, k, v, key_mask):
         return window_attention(q, k, v, window=self.window, causal=self.causal, key_mask=key_mask)
 
-    def init_state(self, batch_size: int, context=None, context_mask=None) -> WindowCache:
-        self._decode_pattern_check()
-        weight = self.q_proj.weight
-        empty = weight.new_zeros(batch_size, self.n_heads, self.window - 1, self.head_dim)
-        filled = torch.zeros(self.window - 1, dtype=torch.bool, device=weight.device)
-        return WindowCache(empty, empty, filled, 0)
+    def _self_state(self, batch_size: int) -> WindowCache:
+        empty = self.q_proj.weight.new_zeros(batch_size, self.n_heads, self.window - 1, self.head_dim)
+        return WindowCache(empty, empty, 0)
 
-    def _decode(self, x, state: WindowCache):
+    def _step(self, x, state: WindowCache):
         # The buffer followed by the t new positions is one contiguous stretch of
         # positions, so the windowed attention of the whole stretch (queries at the
         # buffer slots are dummies, dropped) gives the new positions' outputs.
@@ -99,9 +95,8 @@ class LocalAttention(SoftmaxAttention):
         dtype = q.dtype  # under autocast the buffer may have been made in another dtype
         k = torch.cat([state.k.to(dtype), k_new.to(dtype)], dim=2)  # [B, H, w-1+t, d]
         v = torch.cat([state.v.to(dtype), v_new.to(dtype)], dim=2)
-        filled = torch.cat([state.filled, state.filled.new_ones(t)])  # [w-1+t]
+        filled = torch.arange(keep + t, device=x.device) >= keep - state.position  # slot holds a position >= 0
         q = F.pad(q, (0, 0, keep, 0))  # [B, H, w-1+t, d]
         o = window_attention(q, k, v, window=self.window, causal=True, key_mask=filled.expand(B, -1))
-        total = keep + t
-        cache = WindowCache(k[:, :, total - keep :], v[:, :, total - keep :], filled[total - keep :], state.position + t)
-        return o[:, :, keep:], cache
+        cache = WindowCache(k[:, :, t:], v[:, :, t:], state.position + t)
+        return self._output(o[:, :, keep:]), cache

@@ -5,14 +5,13 @@ target have no common position axis. Causal cross-attention (CC) lets target pos
 see source positions j <= min(t, m-1), so a target longer than the source sees all of it.
 """
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 from torch import nn
 
-from .base import AttentionBlock, check_mask
+from .base import AttentionBlock
 from .rope import apply_rope
 
 
@@ -47,8 +46,7 @@ def attend(
     return masked_attention(q, k, v, allowed)
 
 
-@dataclass
-class KVCache:
+class KVCache(NamedTuple):
     """Decode state of `softmax`. Self-attention: the keys (rotated at their positions)
     and values of every position seen so far. Cross-attention: the projected source,
     fixed for the whole decode, and its padding mask."""
@@ -65,70 +63,44 @@ class SoftmaxAttention(AttentionBlock):
     name = "softmax"
     patterns = frozenset({"CS", "NS", "CC", "NC"})
 
-    def __init__(self, cfg: DictConfig, d_model: int, *, n_heads: int, causal: bool, cross: bool):
-        super().__init__(cfg, d_model, n_heads=n_heads, causal=causal, cross=cross)
+    def __init__(self, d_model: int, n_heads: int, *, causal: bool, cross: bool, **options):
+        """options: the keys of a block built on this one (local's window)."""
+        super().__init__(d_model, n_heads, causal=causal, cross=cross, **options)
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
 
-    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        return x.view(*x.shape[:2], self.n_heads, self.head_dim)  # [B, T, D] -> [B, T, H, d]
-
     def _queries(self, x: torch.Tensor, offset: int) -> torch.Tensor:
-        q = self._split_heads(self.q_proj(x))
+        q = self.split_heads(self.q_proj(x))
         if not self.cross:
             q = apply_rope(q, offset)
         return q.transpose(1, 2)  # [B, H, T, d]
 
     def _keys_values(self, source: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = (self._split_heads(t) for t in self.kv_proj(source).chunk(2, dim=-1))
+        k, v = (self.split_heads(t) for t in self.kv_proj(source).chunk(2, dim=-1))
         if not self.cross:
             k = apply_rope(k, offset)
         return k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, d] each
+
+    def _output(self, o: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(o.transpose(1, 2).flatten(2))  # [B, H, T, d] -> [B, T, D]
 
     def _attend(self, q, k, v, key_mask):
         """The whole-sequence attention (training); `local` restricts it to a window."""
         return attend(q, k, v, causal=self.causal, key_mask=key_mask)
 
-    def forward(self, x, context=None, mask=None, context_mask=None, state=None):
-        if self.cross != (context is not None) and state is None:
-            need = "a context [B, S, D]" if self.cross else "no context"
-            raise ValueError(f"attention {self.name!r} ({self.pattern}) needs {need}")
-        check_mask(mask, x, "mask")
-        if state is not None:
-            if mask is not None:
-                raise ValueError(f"attention {self.name!r}: decoding takes real positions only (mask must be None)")
-            o, state = self._decode(x, state)
-        else:
-            source, key_mask = (context, context_mask) if self.cross else (x, mask)
-            check_mask(context_mask, source, "context_mask")
-            q = self._queries(x, 0)
-            k, v = self._keys_values(source, 0)
-            o = self._attend(q, k, v, key_mask)
-        y = self.out_proj(o.transpose(1, 2).reshape(x.shape))  # [B, H, T, d] -> [B, T, D]
-        if mask is not None:
-            y = y * mask[..., None]  # padded queries output 0
-        return y, state
+    def _whole(self, x, source, key_mask):
+        return self._output(self._attend(self._queries(x, 0), *self._keys_values(source, 0), key_mask))
 
-    def _decode_pattern_check(self) -> None:
-        if self.pattern == "NS":
-            raise ValueError(
-                f"attention {self.name!r}: noncausal self-attention (NS) cannot be decoded step by step"
-            )
-
-    def init_state(self, batch_size: int, context=None, context_mask=None) -> KVCache:
-        self._decode_pattern_check()
-        if self.cross:
-            if context is None:
-                raise ValueError(f"attention {self.name!r} ({self.pattern}): init_state needs the context")
-            check_mask(context_mask, context, "context_mask")
-            k, v = self._keys_values(context, 0)
-            return KVCache(k, v, context_mask, 0)
-        weight = self.q_proj.weight
-        empty = weight.new_zeros(batch_size, self.n_heads, 0, self.head_dim)
+    def _self_state(self, batch_size: int) -> KVCache:
+        empty = self.q_proj.weight.new_zeros(batch_size, self.n_heads, 0, self.head_dim)
         return KVCache(empty, empty, None, 0)
 
-    def _decode(self, x, state: KVCache):
+    def _cross_state(self, context, context_mask) -> KVCache:
+        k, v = self._keys_values(context, 0)
+        return KVCache(k, v, context_mask, 0)
+
+    def _step(self, x, state: KVCache):
         q = self._queries(x, state.position)
         # Casts: under autocast the cache may have been made in another dtype than q.
         k, v = state.k.to(q.dtype), state.v.to(q.dtype)
@@ -136,4 +108,4 @@ class SoftmaxAttention(AttentionBlock):
             k_new, v_new = self._keys_values(x, state.position)
             k, v = torch.cat([k, k_new.to(q.dtype)], dim=2), torch.cat([v, v_new.to(q.dtype)], dim=2)
         o = attend(q, k, v, causal=self.causal, offset=state.position, key_mask=state.key_mask)
-        return o, KVCache(k, v, state.key_mask, state.position + x.shape[1])
+        return self._output(o), KVCache(k, v, state.key_mask, state.position + x.shape[1])
