@@ -1,0 +1,270 @@
+"""Data for point cloud completion: the PCN layout.
+
+    <root>/PCN.json                                  taxonomy and splits
+    <root>/{train,val,test}/complete/<synset>/<model>.pcd      the complete cloud (PCN: 16,384 points)
+    <root>/{train,val,test}/partial/<synset>/<model>/NN.pcd    partial views 00, 01, ... (PCN: 8 in train, 1 else)
+
+PCN.json is a list of categories, `{"taxonomy_id": "02691156", "taxonomy_name": "airplane",
+"train": [model ids], "val": [...], "test": [...]}`. Clouds are read with open3d.
+
+- A training item is a model with one of its partial views drawn at random each time
+  the model is drawn; validation and test items use view `00`.
+- The partial cloud is resampled to `data.n_input` points and the complete one to
+  `data.n_gt`: a random subset when the file has more points, all of them plus random
+  repeats when it has fewer (PoinTr pads with zeros instead; repeats add no point that
+  is not on the object). Training draws from torch's global generator (seeded per step
+  by the module, and per worker by Lightning); validation and test resample with a
+  generator seeded by the item, so every evaluation sees the same points.
+- No normalisation is applied: PCN's clouds are already in each object's canonical frame
+  (ShapeNet's normalised models: centred, about unit size), the partial views in the
+  same frame as the complete cloud, which is what the absolute F-score threshold 0.01
+  assumes. Data in another frame must be brought to that scale before use.
+
+Every file is checked before training: that it exists and that its PCD header names
+x y z fields and at least one point (the header only, so a large dataset is checked
+without reading its points); a file open3d cannot read fails with its path when read.
+The embedded default (`data.path: ""`, see shapes.py) is written in this layout and read
+by this reader.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from ...data import StepBatchSampler
+from ...errors import ConfigError, DataError
+from ...open3d import load as load_open3d
+
+SPLITS = ("train", "val", "test")
+TAXONOMY_FILE = "PCN.json"
+HEADER_LINES = 12  # a PCD v0.7 header: VERSION ... DATA, plus a comment line
+
+
+def read_pcd(path: Path) -> np.ndarray:
+    """The points of a .pcd file, [N, 3] float32; DataError naming the file when it is
+    missing, unreadable or empty."""
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    o3d = load_open3d()
+    with o3d.utility.VerbosityContextManager(o3d.utility.VerbosityLevel.Error):
+        cloud = o3d.io.read_point_cloud(str(path), format="pcd")
+    points = np.asarray(cloud.points, dtype=np.float32)
+    if len(points) == 0:
+        raise DataError(f"{path}: no points read (an empty or unreadable PCD file)")
+    return points
+
+
+def write_pcd(path: Path, points: np.ndarray) -> None:
+    """Write points [N, 3] as a binary .pcd through open3d; a reader never sees half a
+    file (written to a temporary name beside it, then renamed)."""
+    o3d = load_open3d()
+    cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(points, dtype=np.float64)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.pcd")
+    if not o3d.io.write_point_cloud(str(tmp), cloud):
+        raise OSError(f"{path}: open3d could not write the file")
+    tmp.replace(path)
+
+
+def pcd_point_count(path: Path) -> int:
+    """The POINTS of a .pcd file's header; DataError naming the file when it is missing,
+    has no PCD header, lacks x y z fields or holds no points."""
+    try:
+        with open(path, "rb") as f:
+            lines = []
+            while len(lines) < HEADER_LINES and (not lines or lines[-1][:1] != ["DATA"]):
+                lines.append(f.readline(256).decode("ascii", "replace").split())
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except OSError as err:
+        raise DataError(f"{path}: unreadable ({err.strerror})") from None
+    header = {line[0].upper(): line[1:] for line in lines if line and not line[0].startswith("#")}
+    if "POINTS" not in header or "DATA" not in header:
+        raise DataError(f"{path}: not a PCD file (no POINTS / DATA header lines)")
+    if not {"x", "y", "z"} <= set(header.get("FIELDS", [])):
+        raise DataError(f"{path}: the PCD fields are {' '.join(header.get('FIELDS', []))}, not x y z ...")
+    try:
+        count = int(header["POINTS"][0])
+    except (IndexError, ValueError):
+        raise DataError(f"{path}: POINTS {' '.join(header['POINTS'])} is not a number") from None
+    if count < 1:
+        raise DataError(f"{path}: an empty cloud (POINTS {count})")
+    return count
+
+
+@dataclass(frozen=True)
+class Category:
+    synset: str   # the taxonomy id, the folder name
+    name: str     # the taxonomy name
+
+
+@dataclass(frozen=True)
+class Sample:
+    category: int            # index into the dataset's categories
+    model: str
+    complete: Path
+    partials: tuple[Path, ...]  # the views in name order (00, 01, ...)
+
+
+def read_taxonomy(root: Path) -> list[dict]:
+    """PCN.json, checked: a list of {taxonomy_id, taxonomy_name, train, val, test}."""
+    path = root / TAXONOMY_FILE
+    if not path.is_file():
+        raise DataError(f"{path}: no such file; data.path must be a folder in the PCN layout")
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(entries, list) or not entries:
+        raise DataError(f"{path}: expected a non-empty list of categories")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("taxonomy_id"), str):
+            raise DataError(f"{path}: entry {i} has no taxonomy_id string")
+        for split in SPLITS:
+            models = entry.get(split, [])
+            if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+                raise DataError(f"{path}: entry {i} ({entry['taxonomy_id']}): {split!r} must be a list of model ids")
+    return entries
+
+
+def select_categories(entries: list[dict], wanted: list[str], root: Path) -> list[dict]:
+    """The entries whose taxonomy id or name is in `wanted` (all when empty)."""
+    if not wanted:
+        return entries
+    known = {e["taxonomy_id"]: e for e in entries} | {e.get("taxonomy_name", ""): e for e in entries}
+    unknown = [w for w in wanted if w not in known]
+    if unknown:
+        allowed = ", ".join(f"{e['taxonomy_id']} ({e.get('taxonomy_name', '')})" for e in entries)
+        raise ConfigError(f"data.categories: {unknown[0]!r} is not a category of {root / TAXONOMY_FILE}; "
+                          f"it has {allowed}")
+    chosen = {known[w]["taxonomy_id"] for w in wanted}
+    return [e for e in entries if e["taxonomy_id"] in chosen]
+
+
+def index_split(root: Path, entries: list[dict], split: str) -> list[Sample]:
+    """The samples of one split, with every file's header checked (module docstring)."""
+    samples = []
+    for c, entry in enumerate(entries):
+        models, synset = entry.get(split, []), entry["taxonomy_id"]
+        if not models:
+            continue
+        for kind in ("complete", "partial"):
+            folder = root / split / kind / synset
+            if not folder.is_dir():
+                raise DataError(f"{folder}: no such folder; {root / TAXONOMY_FILE} lists {len(models)} {split} "
+                                f"models of {synset}")
+        for model in tqdm(models, desc=f"checking {split}/{synset}", leave=False, disable=len(models) < 500):
+            complete = root / split / "complete" / synset / f"{model}.pcd"
+            view_folder = root / split / "partial" / synset / model
+            views = tuple(sorted(view_folder.glob("[0-9][0-9].pcd"))) if view_folder.is_dir() else ()
+            if not views:
+                raise DataError(f"{view_folder}: model {model} has no partial views (NN.pcd files)")
+            for path in (complete, *views):
+                pcd_point_count(path)
+            samples.append(Sample(c, model, complete, views))
+    if not samples:
+        raise DataError(f"{root / TAXONOMY_FILE}: no {split} models in the chosen categories")
+    return samples
+
+
+def resample(points: np.ndarray, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """[n, 3] float32: a random subset of points [N, 3] when N >= n (the points as they
+    are when N == n), all N plus n - N random repeats when N < n."""
+    count = len(points)
+    if count == n:
+        index = torch.arange(n)
+    elif count > n:
+        index = torch.randperm(count, generator=generator)[:n]
+    else:
+        index = torch.cat([torch.arange(count), torch.randint(count, (n - count,), generator=generator)])
+    return torch.from_numpy(points)[index]
+
+
+class CompletionDataset(Dataset):
+    """Item: `partial` [n_input, 3], `complete` [n_gt, 3], `category` (an index) and
+    `index` (of the sample in the split)."""
+
+    def __init__(self, samples: list[Sample], n_input: int, n_gt: int, train: bool):
+        self.samples, self.n_input, self.n_gt, self.train = samples, n_input, n_gt, train
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        sample = self.samples[i]
+        fixed = torch.Generator().manual_seed(i)
+        if self.train:
+            view = sample.partials[int(torch.randint(len(sample.partials), ()))]
+            partial = resample(read_pcd(view), self.n_input)
+        else:
+            partial = resample(read_pcd(sample.partials[0]), self.n_input, fixed)
+        return {
+            "partial": partial,
+            "complete": resample(read_pcd(sample.complete), self.n_gt, fixed),
+            "category": torch.tensor(sample.category),
+            "index": torch.tensor(i),
+        }
+
+
+class PCNDataModule(L.LightningDataModule):
+    """Indexes and checks the PCN layout (or builds the embedded default) in `setup`;
+    `self.datasets[split]`, `self.categories`."""
+
+    def __init__(self, cfg: DictConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.root = Path(cfg.data.path) if cfg.data.path else self.default_root(cfg)
+        self.datasets: dict[str, CompletionDataset] = {}
+
+    @staticmethod
+    def default_root(cfg: DictConfig) -> Path:
+        if not cfg.run.dir:
+            raise ConfigError("run.dir is empty: the default shapes (data.path='') are written under <run.dir>/data/")
+        return Path(cfg.run.dir) / "data" / "primitives"
+
+    def prepare_data(self) -> None:
+        if not self.cfg.data.path:
+            from .shapes import ensure_default_dataset
+
+            ensure_default_dataset(self.root)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        if not self.root.is_dir():
+            raise DataError(f"{self.root}: no such folder")
+        data = self.cfg.data
+        entries = select_categories(read_taxonomy(self.root), list(data.categories), self.root)
+        self.categories = [Category(e["taxonomy_id"], e.get("taxonomy_name") or e["taxonomy_id"]) for e in entries]
+        for split in SPLITS:
+            samples = index_split(self.root, entries, split)
+            self.datasets[split] = CompletionDataset(samples, data.n_input, data.n_gt, train=split == "train")
+
+    def spec(self) -> dict:
+        """What the model and its metrics need: the categories' names, in index order.
+        Reads the layout first (building the default), so bad data fails before training."""
+        self.prepare_data()
+        self.setup("fit")
+        return {"categories": [c.name for c in self.categories], "synsets": [c.synset for c in self.categories]}
+
+    def train_dataloader(self) -> DataLoader:
+        start_step = self.trainer.global_step if self.trainer is not None else 0
+        sampler = StepBatchSampler(len(self.datasets["train"]), self.cfg.data.batch_size, self.cfg.seed, start_step)
+        return DataLoader(self.datasets["train"], batch_sampler=sampler, num_workers=self.cfg.data.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        # A fixed shuffled order, so that `trainer.limit_val_batches` takes every category.
+        order = torch.randperm(len(self.datasets["val"]), generator=torch.Generator().manual_seed(0)).tolist()
+        return DataLoader(self.datasets["val"], batch_size=self.cfg.data.batch_size, sampler=order,
+                          num_workers=self.cfg.data.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.datasets["test"], batch_size=self.cfg.data.batch_size,
+                          num_workers=self.cfg.data.num_workers)

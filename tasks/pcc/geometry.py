@@ -1,0 +1,91 @@
+"""Point-cloud geometry in PyTorch, batched, on any device: farthest point sampling,
+k nearest neighbours, gathering, and the nearest-neighbour distances Chamfer is built on.
+
+Nothing here loops over points in Python: FPS loops over the samples it draws (each
+step vectorised over the batch and all points), the distance functions loop over chunks
+of query points so that at most `max_elements` pairwise distances exist at once (a 16K x
+16K matrix would be 1 GiB per cloud in fp32).
+"""
+
+import torch
+
+# Pairwise distances held at once by the chunked functions (64 MiB of fp32).
+MAX_ELEMENTS = 1 << 24
+
+
+def gather_points(points: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """points [B, N, C], index [B, ...] long -> [B, ..., C]: points[b, index[b, ...]]."""
+    batch, flat = index.shape[0], index.reshape(index.shape[0], -1)  # [B, M]
+    picked = torch.gather(points, 1, flat[..., None].expand(-1, -1, points.shape[-1]))  # [B, M, C]
+    return picked.reshape(batch, *index.shape[1:], points.shape[-1])
+
+
+@torch.no_grad()
+def farthest_point_sample(points: torch.Tensor, n_samples: int) -> torch.Tensor:
+    """Indices [B, n_samples] of a greedy farthest point sampling of points [B, N, 3]:
+    the first sample is point 0, each next one the point farthest from those chosen (the
+    lowest index among equally far points). Needs n_samples <= N."""
+    batch, n_points, _ = points.shape
+    if not 1 <= n_samples <= n_points:
+        raise ValueError(f"farthest_point_sample: n_samples={n_samples} must be in [1, {n_points}]")
+    chosen = torch.zeros(batch, n_samples, dtype=torch.long, device=points.device)
+    nearest = torch.full((batch, n_points), float("inf"), dtype=points.dtype, device=points.device)
+    rows = torch.arange(batch, device=points.device)
+    last = torch.zeros(batch, dtype=torch.long, device=points.device)
+    for i in range(1, n_samples):
+        step = (points - points[rows, last][:, None]).square().sum(-1)  # [B, N] to the latest sample
+        nearest = torch.minimum(nearest, step)
+        last = nearest.argmax(dim=1)
+        chosen[:, i] = last
+    return chosen
+
+
+def _chunk_rows(batch: int, n_candidates: int, max_elements: int) -> int:
+    return max(1, max_elements // max(batch * n_candidates, 1))
+
+
+def _ranking_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[B, n, 3], [B, m, 3] -> [B, n, m]: |b|^2 - 2 a.b (one fused batched matmul), which
+    is the squared distance less |a|^2, a constant along each row: it ranks each point of
+    a's candidates in b as the squared distance does (up to rounding), and is used only
+    for that."""
+    return torch.baddbmm(b.square().sum(-1)[:, None], a, b.transpose(1, 2), alpha=-2)
+
+
+@torch.no_grad()
+def knn(queries: torch.Tensor, points: torch.Tensor, k: int, max_elements: int = MAX_ELEMENTS) -> torch.Tensor:
+    """Indices [B, M, k] of the k points of points [B, N, 3] nearest to each of queries
+    [B, M, 3], nearest first. Needs k <= N."""
+    if not 1 <= k <= points.shape[1]:
+        raise ValueError(f"knn: k={k} must be in [1, {points.shape[1]}]")
+    rows = _chunk_rows(points.shape[0], points.shape[1], max_elements)
+    parts = [_ranking_distances(q, points).topk(k, dim=-1, largest=False).indices for q in queries.split(rows, dim=1)]
+    return torch.cat(parts, dim=1)
+
+
+def nearest_squared_distances(a: torch.Tensor, b: torch.Tensor, max_elements: int = MAX_ELEMENTS) -> torch.Tensor:
+    """[B, N]: the squared distance from each point of a [B, N, 3] to its nearest point of
+    b [B, M, 3]. The nearest point is found with the matmul form in chunks of a's points;
+    the distance is then recomputed from the two points' difference, so it is exact (0
+    for a point of a that is in b) and its gradient flows to both clouds."""
+    rows = _chunk_rows(a.shape[0], b.shape[1], max_elements)
+    parts = []
+    for chunk in a.split(rows, dim=1):  # [B, n, 3]
+        with torch.no_grad():
+            nearest = _ranking_distances(chunk, b).argmin(dim=-1)  # [B, n]
+        parts.append((chunk - gather_points(b, nearest)).square().sum(-1))
+    return torch.cat(parts, dim=1)
+
+
+def chamfer_squared(prediction: torch.Tensor, truth: torch.Tensor, max_elements: int = MAX_ELEMENTS):
+    """(d1 [B, N], d2 [B, M]): squared nearest-neighbour distances prediction -> truth and
+    truth -> prediction, for prediction [B, N, 3] and truth [B, M, 3]."""
+    return (nearest_squared_distances(prediction, truth, max_elements),
+            nearest_squared_distances(truth, prediction, max_elements))
+
+
+def chamfer_l1_loss(prediction: torch.Tensor, truth: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """The batch mean of PoinTr's CD-l1, (mean sqrt d1 + mean sqrt d2) / 2, a training loss:
+    `eps` inside the square root keeps its gradient finite where a distance is 0."""
+    d1, d2 = chamfer_squared(prediction, truth)
+    return ((d1 + eps).sqrt().mean(1) + (d2 + eps).sqrt().mean(1)).mean() / 2

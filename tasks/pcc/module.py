@@ -1,0 +1,111 @@
+"""Training and evaluation of the completion model.
+
+Loss: PoinTr's, CD-l1 of the coarse points plus CD-l1 of the dense points, each against
+the complete cloud. Validation logs `val_loss` and `val_cd_l1` (dense, x 1000). Test
+logs `test_cd_l1`, `test_cd_l2`, `test_fscore` of the dense prediction and the same per
+category (`test_cd_l1_<category>`, ...), and beside them the figures of the model-free
+baseline that outputs the partial input itself (`test_partial_cd_l1`, ...), on the same
+test clouds. Artifacts: `completions.png` (partial / predicted / true clouds of the first
+PICTURED test models, matplotlib 3-D scatter: open3d's offscreen renderer needs an EGL or
+X display, which a bare machine lacks) and those predictions as `predictions/*.pcd`.
+
+Test metrics are accumulated in this process: with several devices each computes them
+on its share of the test set, so run the test on one device.
+"""
+
+import re
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure  # not pyplot: no global backend state is touched
+from omegaconf import DictConfig
+
+from ...config import site_attention
+from ...module import TaskModule
+from .data import write_pcd
+from .geometry import chamfer_l1_loss
+from .metrics import CompletionScores, completion_metrics
+from .model import PoinTr
+
+PICTURED = 4
+PICTURE_POINTS = 2048  # drawn per cloud (a random subset of larger ones)
+
+
+class CompletionModule(TaskModule):
+    def __init__(self, cfg: DictConfig, spec: dict):
+        """spec: PCNDataModule.spec() (the categories' names and synsets, in index order)."""
+        super().__init__(cfg)
+        self.category_names = [re.sub(r"\W+", "_", name) for name in spec["categories"]]
+        m = cfg.model
+        self.model = PoinTr(
+            d_model=m.d_model, n_heads=m.n_heads, n_proxies=m.n_proxies, n_neighbors=m.n_neighbors,
+            encoder_layers=m.encoder_layers, decoder_layers=m.decoder_layers, n_queries=m.n_queries,
+            fold_points=m.fold_points, d_ff=m.d_ff, dropout=m.dropout,
+            encoder_attention=site_attention(cfg, "encoder_attention"),
+            query_attention=site_attention(cfg, "query_attention"),
+            cross_attention=site_attention(cfg, "cross_attention"),
+        )
+
+    def loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(PoinTr's loss, the dense output [B, n_queries x fold_points + n_input, 3])."""
+        coarse, dense = self.model(batch["partial"])
+        truth = batch["complete"]
+        return chamfer_l1_loss(coarse.float(), truth) + chamfer_l1_loss(dense.float(), truth), dense.float()
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, _ = self.loss(batch)
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["partial"]))
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, dense = self.loss(batch)
+        size = len(batch["partial"])
+        self.log("val_loss", loss, prog_bar=True, batch_size=size)
+        self.log("val_cd_l1", completion_metrics(dense, batch["complete"])["cd_l1"].mean(), batch_size=size)
+
+    def on_test_epoch_start(self) -> None:
+        self.model_scores = CompletionScores(self.category_names)
+        self.partial_scores = CompletionScores(self.category_names)
+        self.pictured: list[dict] = []
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        _, dense = self.model(batch["partial"])
+        dense = dense.float()
+        self.model_scores.update(dense, batch["complete"], batch["category"])
+        self.partial_scores.update(batch["partial"], batch["complete"], batch["category"])
+        for i in range(min(PICTURED - len(self.pictured), len(dense))):
+            self.pictured.append({"partial": batch["partial"][i].cpu().numpy(), "predicted": dense[i].cpu().numpy(),
+                                  "true": batch["complete"][i].cpu().numpy(),
+                                  "name": f"{self.category_names[int(batch['category'][i])]}_{int(batch['index'][i])}"})
+
+    def on_test_epoch_end(self) -> None:
+        figures = {f"test_{k}": v for k, v in self.model_scores.compute().items()}
+        figures |= {f"test_partial_{k}": v for k, v in self.partial_scores.compute().items()}
+        for name, value in figures.items():
+            self.log(name, value)
+        folder = self.artifacts_dir / "predictions"
+        for item in self.pictured:
+            write_pcd(folder / f"{item['name']}.pcd", item["predicted"])
+        self.draw_completions()
+
+    def draw_completions(self) -> None:
+        """One row per pictured test model: partial, predicted and true clouds, seen from
+        the same direction, on the same axes."""
+        fig = Figure(figsize=(10.5, 3.4 * len(self.pictured)))
+        rng = np.random.default_rng(0)
+        for row, item in enumerate(self.pictured):
+            limit = np.abs(item["true"]).max() * 1.05
+            for col, kind in enumerate(("partial", "predicted", "true")):
+                points = item[kind]
+                if len(points) > PICTURE_POINTS:
+                    points = points[rng.choice(len(points), PICTURE_POINTS, replace=False)]
+                ax = fig.add_subplot(len(self.pictured), 3, 3 * row + col + 1, projection="3d")
+                ax.scatter(points[:, 0], points[:, 1], points[:, 2], s=1.5, c=points[:, 2], cmap="viridis",
+                           depthshade=False)
+                ax.set(xlim=(-limit, limit), ylim=(-limit, limit), zlim=(-limit, limit))
+                ax.set_box_aspect((1, 1, 1))
+                ax.view_init(elev=25, azim=45)
+                ax.set_axis_off()
+                ax.set_title(f"{item['name']}: {kind} ({len(item[kind])} points)", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(self.artifacts_dir / "completions.png", dpi=100)

@@ -1,0 +1,120 @@
+"""FPS and kNN against brute-force loops; Chamfer and F-score against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from lavo_tasks.tasks.pcc.geometry import (chamfer_l1_loss, chamfer_squared, farthest_point_sample, gather_points,
+                                           knn, nearest_squared_distances)
+from lavo_tasks.tasks.pcc.metrics import CompletionScores, completion_metrics
+
+
+def brute_force_fps(points: torch.Tensor, n: int) -> list[int]:
+    """One cloud [N, 3], point by point in Python: start at 0, then the point whose
+    distance to its nearest chosen point is largest (the lowest index on ties)."""
+    chosen = [0]
+    while len(chosen) < n:
+        best, best_distance = None, -1.0
+        for i in range(len(points)):
+            d = min(float(((points[i] - points[j]) ** 2).sum()) for j in chosen)
+            if d > best_distance:
+                best, best_distance = i, d
+        chosen.append(best)
+    return chosen
+
+
+def test_fps_matches_brute_force():
+    points = torch.rand(3, 40, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    index = farthest_point_sample(points, 9)
+    for b in range(3):
+        assert index[b].tolist() == brute_force_fps(points[b], 9)
+
+
+def test_fps_picks_the_corners_of_a_square():
+    # The 4 corners and many interior points: FPS's first 4 samples are the corners.
+    inner = torch.rand(30, 3, generator=torch.Generator().manual_seed(1)) * 0.5 + 0.25
+    inner[:, 2] = 0
+    corners = torch.tensor([[0.0, 0, 0], [1, 1, 0], [1, 0, 0], [0, 1, 0]])
+    cloud = torch.cat([corners[:1], inner, corners[1:]])[None]
+    assert sorted(farthest_point_sample(cloud, 4)[0].tolist()) == [0, 31, 32, 33]
+
+
+def test_knn_matches_brute_force():
+    g = torch.Generator().manual_seed(2)
+    points, queries = torch.rand(2, 50, 3, generator=g), torch.rand(2, 7, 3, generator=g)
+    index = knn(queries, points, 5, max_elements=60)  # chunks of one query row
+    for b in range(2):
+        for m in range(7):
+            distances = [(float(((queries[b, m] - p) ** 2).sum()), i) for i, p in enumerate(points[b])]
+            assert index[b, m].tolist() == [i for _, i in sorted(distances)[:5]]
+    assert gather_points(points, index).shape == (2, 7, 5, 3)
+
+
+def test_identical_clouds_give_zero_and_fscore_one():
+    cloud = torch.rand(2, 100, 3, generator=torch.Generator().manual_seed(3))
+    figures = completion_metrics(cloud, cloud)
+    assert figures["cd_l1"].tolist() == [0.0, 0.0]
+    assert figures["cd_l2"].tolist() == [0.0, 0.0]
+    assert figures["fscore"].tolist() == [1.0, 1.0]
+
+
+def test_a_shifted_grid_gives_the_shift():
+    # Points 1 apart on a line, shifted by s < 1/2 along it: every nearest neighbour is s away.
+    s = 0.004
+    line = torch.zeros(1, 20, 3, dtype=torch.float64)
+    line[0, :, 0] = torch.arange(20)
+    figures = completion_metrics(line + torch.tensor([s, 0, 0], dtype=torch.float64), line)
+    assert figures["cd_l1"].item() == pytest.approx(s * 1000)            # (s + s) / 2 x 1000
+    assert figures["cd_l2"].item() == pytest.approx(2 * s * s * 1000)    # (s^2 + s^2) x 1000
+    assert figures["fscore"].item() == 1.0                               # s < 0.01
+    far = completion_metrics(line + torch.tensor([0, 0.02, 0], dtype=torch.float64), line)
+    assert far["fscore"].item() == 0.0                                   # P = R = 0 -> 0
+
+
+def test_fscore_by_hand():
+    # truth: 4 points; prediction: 2 on truth points, 1 near (0.005), 1 far (0.5)
+    truth = torch.tensor([[[0.0, 0, 0], [1, 0, 0], [2, 0, 0], [3, 0, 0]]])
+    prediction = torch.tensor([[[0.0, 0, 0], [1, 0, 0], [2, 0.005, 0], [10, 0, 0]]])
+    figures = completion_metrics(prediction, truth)
+    precision, recall = 3 / 4, 3 / 4  # truth point 3 is 1 from its nearest prediction (2, .005, 0)
+    assert figures["fscore"].item() == pytest.approx(2 * precision * recall / (precision + recall))
+    d1 = [0, 0, 0.005**2, 7**2]
+    d2 = [0, 0, 0.005**2, 1 + 0.005**2]
+    assert figures["cd_l2"].item() == pytest.approx((sum(d1) / 4 + sum(d2) / 4) * 1000)
+    l1 = (sum(map(math.sqrt, d1)) / 4 + sum(map(math.sqrt, d2)) / 4) / 2 * 1000
+    assert figures["cd_l1"].item() == pytest.approx(l1)
+
+
+def test_chunked_equals_dense():
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.rand(2, 300, 3, generator=g, dtype=torch.float64), torch.rand(2, 200, 3, generator=g, dtype=torch.float64)
+    dense = torch.cdist(a, b).square().min(dim=2).values
+    assert torch.allclose(nearest_squared_distances(a, b), dense)
+    assert torch.allclose(nearest_squared_distances(a, b, max_elements=2 * 200 * 7), dense)  # chunks of 7 rows
+    assert torch.allclose(nearest_squared_distances(a, b, max_elements=1), dense)            # one row at a time
+
+
+def test_chamfer_loss_gradient_moves_points_closer():
+    truth = torch.rand(1, 64, 3, generator=torch.Generator().manual_seed(5))
+    prediction = (truth + 0.1).requires_grad_()
+    loss = chamfer_l1_loss(prediction, truth)
+    loss.backward()
+    with torch.no_grad():
+        moved = prediction - 0.01 * prediction.grad / prediction.grad.norm()
+    assert chamfer_l1_loss(moved, truth) < loss
+    d1, d2 = chamfer_squared(prediction.detach(), truth)
+    assert loss.item() == pytest.approx(float((d1.sqrt().mean() + d2.sqrt().mean()) / 2), rel=1e-5)
+
+
+def test_scores_average_samples_and_categories():
+    truth = torch.zeros(3, 1, 3, dtype=torch.float64)
+    prediction = torch.tensor([[[0.001, 0, 0]], [[0.003, 0, 0]], [[0.1, 0, 0]]], dtype=torch.float64)
+    scores = CompletionScores(["box", "cone"])
+    scores.update(prediction[:2], truth[:2], torch.tensor([0, 1]))
+    scores.update(prediction[2:], truth[2:], torch.tensor([1]))  # a smaller batch
+    figures = scores.compute()
+    assert figures["cd_l1"] == pytest.approx((1 + 3 + 100) / 3)  # the mean over samples, not batches
+    assert figures["cd_l1_box"] == pytest.approx(1)
+    assert figures["cd_l1_cone"] == pytest.approx((3 + 100) / 2)
+    assert figures["fscore_cone"] == pytest.approx(0.5)
