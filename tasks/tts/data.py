@@ -224,7 +224,10 @@ class TTSDataModule(L.LightningDataModule):
             )
 
     def spec(self) -> dict:
-        """What the model needs, computed from the training split: JSON-serialisable."""
+        """What the model needs, computed from the training split: JSON-serialisable.
+        Reads the data first (building the default), so bad input fails before training."""
+        self.prepare_data()
+        self.setup("fit")
         m = self.mel
         return {
             "vocabulary": self.vocabulary,

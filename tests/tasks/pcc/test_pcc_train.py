@@ -41,7 +41,7 @@ def test_train_a_few_steps(tmp_path, attention):
     assert 0 <= metrics["test_fscore"] <= 1
 
     # The baseline, recomputed with dense distances (torch.cdist) on the same test clouds.
-    cfg = compose([f"data.path={root}", f"run.dir={tmp_path / 'other'}", *args[4:]] + ["task=pcc"])
+    cfg = compose(["task=pcc", f"attention={attention}", f"data.path={root}", f"run.dir={tmp_path / 'other'}", *args[4:]])
     dm = PCNDataModule(cfg)
     dm.setup("test")
     values = []

@@ -66,7 +66,8 @@ def test_train_few_steps_and_test(tmp_path, attention):
     assert rows[0] == ["source (excerpt)", "reference", "lead", "generated"]
     assert [r[1] for r in rows[1:]] == references and [r[0] for r in rows[1:]] == sources
     table = (run_dir / "artifacts" / "summaries.md").read_text()
-    assert f"attention {attention}, beam 2" in table and table.count("\n| ") == 1 + len(references)
+    header = table.splitlines()[0]
+    assert f"{attention}" in header and header.count(", beam 2,") == 1 and table.count("\n| ") == 1 + len(references)
     assert sources[0].replace("|", "\\|") in table
 
 
