@@ -352,3 +352,11 @@ def _check_basics(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={value}: must be {allowed}")
     if cfg.run.resume not in ("", "last") and not Path(cfg.run.resume).is_file():
         raise ConfigError(f"run.resume={cfg.run.resume!r}: expected last or the path of a checkpoint file")
+
+
+def check_rules(cfg: DictConfig, rules) -> None:
+    """A task's range checks: (key, ok, allowed) triples; ConfigError naming the first key
+    whose check fails, with its value and what is allowed."""
+    for key, ok, allowed in rules:
+        if not ok:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r}: must be {allowed}")

@@ -6,8 +6,9 @@ F-score@1% as PoinTr defines them, per category too, beside the same figures of 
 partial cloud itself; pictures of partial / predicted / true clouds.
 """
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from lavo_tasks.config import check_rules
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
 
@@ -35,9 +36,7 @@ def check_config(cfg: DictConfig) -> None:
         ("model.d_ff", model.d_ff >= 1, ">= 1"),
         ("model.dropout", 0 <= model.dropout < 1, "in [0, 1)"),
     ]
-    for key, ok, allowed in rules:
-        if not ok:
-            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r}: must be {allowed}")
+    check_rules(cfg, rules)
     if not all(isinstance(c, str) and c for c in data.categories):
         raise ConfigError(f"data.categories={list(data.categories)!r}: must be a list of taxonomy ids or names")
 

@@ -8,8 +8,9 @@ with rouge-score beside the lead baseline, a table of generated summaries.
 
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from lavo_tasks.config import check_rules
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
 from lavo_tasks.tokenizer import check_tokenizer_keys
@@ -43,9 +44,7 @@ def check_config(cfg: DictConfig) -> None:
         ("decode.min_len", 0 <= decode.min_len <= decode.max_len, f"in [0, decode.max_len={decode.max_len}]"),
         ("decode.no_repeat_ngram", decode.no_repeat_ngram >= 0, ">= 0 (0: off)"),
     ]
-    for key, ok, allowed in rules:
-        if not ok:
-            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r}: must be {allowed}")
+    check_rules(cfg, rules)
     check_tokenizer_keys(data)
     if data.token_cache and Path(data.token_cache).is_file():
         raise ConfigError(f"data.token_cache={data.token_cache}: a file; it must name a folder (made if missing)")

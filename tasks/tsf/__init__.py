@@ -6,8 +6,9 @@ MASE / sMAPE / ND through gluonts, forecast-vs-truth plots.
 """
 
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from lavo_tasks.config import check_rules
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
 
@@ -29,9 +30,7 @@ def check_config(cfg: DictConfig) -> None:
         ("model.d_ff", model.d_ff >= 1, ">= 1"),
         ("model.dropout", 0 <= model.dropout < 1, "in [0, 1)"),
     ]
-    for key, ok, allowed in rules:
-        if not ok:
-            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r}: must be {allowed}")
+    check_rules(cfg, rules)
     if data.freq:
         try:
             pd.tseries.frequencies.to_offset(data.freq)

@@ -5,9 +5,10 @@ espeak-ng), characters or phonemes, 80-band log-mels, autoregressive decoding wi
 attention's decode state, Griffin-Lim audio, MCD / MSD as fairseq's eval_sp computes them.
 """
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from lavo_tasks.attention.base import is_int
+from lavo_tasks.config import check_rules
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
 
@@ -40,9 +41,7 @@ def check_config(cfg: DictConfig) -> None:
         ("decode.max_frames", decode.max_frames >= 1, ">= 1"),
         ("decode.stop_threshold", 0 < decode.stop_threshold < 1, "in (0, 1)"),
     ]
-    for key, ok, allowed in rules:
-        if not ok:
-            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r}: must be {allowed}")
+    check_rules(cfg, rules)
 
 
 TASK = Task(name="tts", DataModule=DataModule, Module=Module, check_config=check_config, sites=SITES,
