@@ -108,15 +108,6 @@ def _gsa_case(pattern, dtype, n, m, *, heads=2, dk=64, dv=64, slots=32, masked=F
     _compare(run, leaves + states, dtype, names)
 
 
-@pytest.mark.parametrize("masked", [False, True], ids=["dense", "masked"])
-@pytest.mark.parametrize("length", [203, 256])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("pattern", PATTERNS)
-def test_gsa_patterns(pattern, dtype, length, masked):
-    src = length if pattern in ("CS", "NS") else length + 37
-    _gsa_case(pattern, DTYPES[dtype], length, src, masked=masked)
-
-
 @pytest.mark.parametrize("slots", [16, 32, 64, 128])
 @pytest.mark.parametrize("dim", [32, 64, 128, 256])
 @pytest.mark.parametrize("pattern", ["CS", "NS"])
@@ -178,9 +169,12 @@ def _lavo_case(pattern, dtype, n, m, *, heads=2, dim=64, rank=16, window=32, seg
 @pytest.mark.parametrize("length", [203, 256])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_lavo_patterns(pattern, dtype, length, masked):
+@pytest.mark.parametrize("family", ["gsa", "lavo"])
+def test_patterns(family, pattern, dtype, length, masked):
+    """Both kernel families in every pattern and dtype, odd and power-of-two lengths."""
     src = length if pattern in ("CS", "NS") else length + 37
-    _lavo_case(pattern, DTYPES[dtype], length, src, masked=masked)
+    case = _gsa_case if family == "gsa" else _lavo_case
+    case(pattern, DTYPES[dtype], length, src, masked=masked)
 
 
 @pytest.mark.parametrize("dim", [32, 64, 128, 256])
