@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
-from lavo_tasks.tokenizer import check_tokenizer_keys
+from lavo_tasks.text.tokenizer import check_tokenizer_keys
 
 from .data import LMDataModule as DataModule
 from .data import TEST_LENGTH_FACTORS, split_files

@@ -4,11 +4,11 @@ Layouts of `data.path` (a folder):
 - PG-19: `train/`, `validation/`, `test/`, each holding UTF-8 `.txt` books (one
   document per file, read in file-name order);
 - plain: `train.txt`, `valid.txt`, `test.txt` (one document per file, e.g. WikiText).
-`data.path: ""` reads the standard library's docstrings (lavo_tasks.corpus).
+`data.path: ""` reads the standard library's docstrings (lavo_tasks.text.corpus).
 
 Each split is one token stream: its documents encoded and joined, each followed by the
 end-of-document id, tokenized once into `data.token_cache` (default `<run.dir>/tokens`)
-and memory-mapped from there (lavo_tasks.token_cache: a split is not held in memory, and
+and memory-mapped from there (lavo_tasks.text.token_cache: a split is not held in memory, and
 a run that points at the same folder with the same texts and tokenizer reuses it; the
 texts are read only to train a BPE or to tokenize). Training windows start anywhere
 (random starts drawn by StepBatchSampler, so a resumed run sees the same batches);
@@ -24,11 +24,11 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
-from lavo_tasks.corpus import SPLITS, stdlib_splits
+from lavo_tasks.text.corpus import SPLITS, stdlib_splits
 from lavo_tasks.data import StepBatchSampler
 from lavo_tasks.errors import DataError
-from lavo_tasks.token_cache import MappedStream, cached_token_stream, file_source, text_source
-from lavo_tasks.tokenizer import build_tokenizer, tokenizer_spec
+from lavo_tasks.text.token_cache import MappedStream, cached_token_stream, file_source, text_source
+from lavo_tasks.text.tokenizer import build_tokenizer, tokenizer_spec
 
 TEST_LENGTH_FACTORS = (1, 2, 4, 8)
 # The dataset's own names of the splits (`train` / `val` / `test` in the code).
@@ -89,7 +89,7 @@ class LMDataModule(L.LightningDataModule):
 
     def spec(self) -> dict:
         """What the model needs: the vocabulary size and the tokenizer (to decode what it
-        generates), as `lavo_tasks.tokenizer.tokenizer_spec` writes it. Tokenizes and checks
+        generates), as `lavo_tasks.text.tokenizer.tokenizer_spec` writes it. Tokenizes and checks
         every split first, so a bad book fails before training."""
         self.setup("fit")
         return {"vocab_size": self.tokenizer.vocab_size, "tokenizer": tokenizer_spec(self.tokenizer)}

@@ -12,7 +12,7 @@ from lavo_tasks.config import site_attention
 from lavo_tasks.files import write_atomically
 from lavo_tasks.module import TaskModule
 from lavo_tasks.plots import attention_label, format_metrics, readable_ylim, save_figure
-from lavo_tasks.tokenizer import tokenizer_from_spec
+from lavo_tasks.text.tokenizer import tokenizer_from_spec
 
 from .data import TEST_LENGTH_FACTORS
 from .metrics import Perplexity

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from lavo_tasks.config import check_rules
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
-from lavo_tasks.tokenizer import check_tokenizer_keys
+from lavo_tasks.text.tokenizer import check_tokenizer_keys
 
 from .data import FORMATS, split_files
 from .data import SummarizationDataModule as DataModule

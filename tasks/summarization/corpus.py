@@ -1,6 +1,6 @@
 """The embedded default: multi-document examples made from the standard library's docstrings.
 
-A document is one docstring of a module (lavo_tasks.corpus), its whitespace collapsed,
+A document is one docstring of a module (lavo_tasks.text.corpus), its whitespace collapsed,
 cut to its first sentences (at most DOCUMENT_CHARS characters, at least two sentences;
 docstrings of one sentence, or whose first sentence is shorter than 3 or longer than 25
 words, are not used). An example is 2-5 consecutive documents of one module (so they are
@@ -12,7 +12,7 @@ that document, not the next ones.
 
 Examples start at every document of a module, each with 2-5 documents (the number fixed
 by a hash of module and position), dropping trailing documents while the source is
-longer than SOURCE_CHARS; modules go to train / val / test as lavo_tasks.corpus splits
+longer than SOURCE_CHARS; modules go to train / val / test as lavo_tasks.text.corpus splits
 them (by a hash of the path), and a document already in an earlier split (train, then
 val) is dropped from the later ones, so no document is in two splits. Sentences end at `.`,
 `!` or `?` followed by a space and a capital letter.
@@ -22,7 +22,7 @@ import re
 import zlib
 from pathlib import Path
 
-from lavo_tasks.corpus import stdlib_splits
+from lavo_tasks.text.corpus import stdlib_splits
 
 from .data import SPLITS, SEPARATOR, write_multi_news
 

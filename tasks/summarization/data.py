@@ -13,7 +13,7 @@ Layouts of `data.path` (a folder), chosen by `data.format`:
 The model's source text is the line's documents, each stripped, joined by
 `SEPARATOR`. Sources and targets are tokenized once per split into `data.token_cache`
 (default `<run.dir>/tokens`) as two streams, each text followed by the end id, and
-memory-mapped from there (lavo_tasks.token_cache); an example's tokens are found by
+memory-mapped from there (lavo_tasks.text.token_cache); an example's tokens are found by
 the end ids. Truncation happens when an example is read, so the cache serves every
 `data.max_source_len` / `data.max_target_len`: the source keeps its first
 max_source_len tokens, the target its first max_target_len - 1 followed by the end id.
@@ -36,8 +36,8 @@ from torch.utils.data import DataLoader, Dataset
 from lavo_tasks.data import StepBatchSampler
 from lavo_tasks.errors import ConfigError, DataError
 from lavo_tasks.files import write_atomically
-from lavo_tasks.token_cache import MappedStream, cached_token_stream, file_source
-from lavo_tasks.tokenizer import build_tokenizer, tokenizer_spec
+from lavo_tasks.text.token_cache import MappedStream, cached_token_stream, file_source
+from lavo_tasks.text.tokenizer import build_tokenizer, tokenizer_spec
 
 SPLITS = ("train", "val", "test")
 FORMATS = ("multi_news", "jsonl")
@@ -285,7 +285,7 @@ class SummarizationDataModule(L.LightningDataModule):
 
     def spec(self) -> dict:
         """What the model needs: vocabulary size, end id and the tokenizer (as
-        `lavo_tasks.tokenizer.tokenizer_spec` writes it). Reads and tokenizes the splits
+        `lavo_tasks.text.tokenizer.tokenizer_spec` writes it). Reads and tokenizes the splits
         first, so bad data fails before training."""
         if self.tokenizer is None:
             self.prepare_data()

@@ -29,7 +29,7 @@ from lavo_tasks.files import write_atomically
 from lavo_tasks.generation import generate
 from lavo_tasks.module import TaskModule
 from lavo_tasks.plots import attention_label
-from lavo_tasks.tokenizer import tokenizer_from_spec
+from lavo_tasks.text.tokenizer import tokenizer_from_spec
 
 from .metrics import RougeAverage, lead
 from .model import Summarizer

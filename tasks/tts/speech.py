@@ -8,7 +8,7 @@ utterance has passed through the sample callback, 16-bit mono at the library's r
 the default dataset is the same bytes on every build.
 
 The sentences are short ones from the standard library's docstrings
-(`lavo_tasks.corpus`), kept only when they are plain prose (a capital letter, words,
+(`lavo_tasks.text.corpus`), kept only when they are plain prose (a capital letter, words,
 commas, a final full stop), ordered by a CRC of their text and cut at
 `DEFAULT_UTTERANCES`.
 """
@@ -25,7 +25,7 @@ import numpy as np
 import soundfile as sf
 from tqdm import tqdm
 
-from ...corpus import stdlib_modules
+from ...text.corpus import stdlib_modules
 from ...errors import ConfigError
 from ...files import write_atomically
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .errors import ConfigError
-from .files import write_atomically
+from ..errors import ConfigError
+from ..files import write_atomically
 
 EOS_TOKEN = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .files import write_atomically
+from ..files import write_atomically
 
 FORMAT = 1
 _UINT16_VOCAB = 1 << 16
