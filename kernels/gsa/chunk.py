@@ -121,7 +121,7 @@ WHOLE_BC = 64
 # reverse) below 64: wrong outputs (relative error ~0.5 at 32 slots and d = 64) or an
 # out-of-range shared-memory access (fp16 noncausal self-attention faulted). Equal widths
 # of 32 passed, and every combination padded to 64 matched the float64 reference (masked
-# columns cost work, not accuracy); tests/test_gpu_kernel_matrix.py covers each pairing.
+# columns cost work, not accuracy); tests/kernels/test_gpu_kernel_matrix.py covers each pairing.
 WHOLE_MIN_TILE = 64
 WHOLE_WARPS = {"output": 4, "query": 4, "key": 4}
 

@@ -1,6 +1,6 @@
 """Time the GSA Triton kernels on a GPU beside the peer (fla's `chunk_gsa`) and SDPA.
 
-    python -m lavo_tasks.kernels.gsa.gpu_check [--out DIR] [--lengths 1024,2048,...]
+    python benchmarks/gsa_gpu_check.py [--out DIR] [--lengths 1024,2048,...]
         [--variants base,values_bf16,...]
 
 Protocol of PERFORMANCE.md: bf16, H=16, head dim 64, 64 slots, 65,536 tokens per step
@@ -12,7 +12,7 @@ The benchmark of record is `lavo_tasks.bench` (the lead's); this is the kernel a
 fla's `chunk_gsa` autotunes on first use (minutes on an H200): `--impls gsa,sdpa` skips it.
 `--variants` times the GSA kernels again with other dot precisions / warps (VARIANTS) and
 measures each one's error against the fp32 PyTorch path at T=8K (limit 5e-3 relative RMS).
-Measured numbers and what limits the kernels: PERF_NOTES.md beside this file.
+Measured numbers: docs/benchmarks.md.
 """
 
 import argparse

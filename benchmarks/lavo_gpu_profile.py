@@ -1,6 +1,6 @@
 """Time the LAVO Triton kernels on a GPU: medians and per-kernel CUDA time.
 
-    python -m lavo_tasks.kernels.lavo.gpu_profile [--out FILE] [--variants [NAME ...]]
+    python benchmarks/lavo_gpu_profile.py [--out FILE] [--variants [NAME ...]]
 
 Protocol shape (bf16, H=16, d=64, w=128, r=64, 65,536 tokens per step): forward and
 forward+backward medians (`triton.testing.do_bench`) at T = 1K and 8K; one profiler
@@ -13,7 +13,7 @@ With `--variants` (all of VARIANTS, or the names given) it times instead, for ea
 variant, the forward and forward+backward medians at T = 1K and 8K with chunk.py's
 LAUNCH (or an integer constant) patched as the variant says, checks the variant's
 output and gradients (B = 4, T = 1K, nonzero biases) against the fp32 PyTorch path
-(largest relative RMS error; WRONG above CHECK_TOL, as tests/test_gpu_lavo.py's bf16
+(largest relative RMS error; WRONG above CHECK_TOL, as tests/kernels/test_gpu_lavo.py's bf16
 tests), then prints a table sorted by the 8K forward+backward time and the kernel
 table of the fastest correct variant. Variants past VARIANTS_BUDGET_S seconds are
 skipped (listed); the d = 256 medians are not run.
@@ -28,9 +28,9 @@ import time
 import torch
 from triton.testing import do_bench
 
-from . import chunk
-from .chunk import chunk_lavo_attn
-from .torch_path import torch_lavo_attn
+from lavo_tasks.kernels.lavo import chunk
+from lavo_tasks.kernels.lavo.chunk import chunk_lavo_attn
+from lavo_tasks.kernels.lavo.torch_path import torch_lavo_attn
 
 HEADS, DIM, WINDOW, RANK, TOKENS = 16, 64, 128, 64, 65536
 WIDE_AFTER_S = 75  # the d = 256 medians (more kernels to compile) run only if the rest took less
