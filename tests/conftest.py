@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config, items):
 def register_task(monkeypatch):
     """`register_task(task, yaml_text)`: make a `lavo_tasks.task.Task` defined inside a
     test known to the task registry (and so to the config composer), for this test only.
-    (tests/test_train_cli.py registers one from a folder, as a user would.)"""
+    (tests/core/test_train_cli.py registers one from a folder, as a user would.)"""
     import lavo_tasks.tasks
 
     def register(task, yaml_text):

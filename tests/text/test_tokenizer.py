@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from lavo_tasks.errors import ConfigError
-from lavo_tasks.tokenizer import (
+from lavo_tasks.text.tokenizer import (
     EOS_TOKEN,
     TOKENIZER_FILE,
     ByteTokenizer,

@@ -14,34 +14,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lavo_tasks.attention import ATTENTION_NAMES, PATTERN_NAMES, block_class, build_attention
+from lavo_tasks.attention import ATTENTION_NAMES, block_class, build_attention
 from lavo_tasks.attention.rope import apply_rope
 from lavo_tasks.errors import ConfigError
+from attention_cases import D_MODEL, N_HEADS, attention_cfg, make_block, padding_mask, patterns_of, supported, unsupported
+from compare import assert_near
 
-D_MODEL, N_HEADS, T = 16, 2, 9  # head dim 8
-# Small settings for the generic tests (on top of each attention's YAML defaults).
-SMALL = {"local": {"window": 4}, "lavo": {"window": 4, "rank": 4}, "gsa": {"slots": 5}}
-
-
-def attention_cfg(name: str, **overrides):
-    path = importlib.resources.files("lavo_tasks.configs") / "attention" / f"{name}.yaml"
-    cfg = OmegaConf.load(str(path)).attention
-    return OmegaConf.merge(cfg, SMALL.get(name, {}), overrides)
-
-
-def make_block(name: str, pattern: str, seed: int = 0, **overrides):
-    torch.manual_seed(seed)
-    return build_attention(
-        attention_cfg(name, **overrides), D_MODEL, n_heads=N_HEADS, causal=pattern[0] == "C", cross=pattern[1] == "C"
-    )
-
-
-def assert_near(actual: torch.Tensor, expected: torch.Tensor, tol: float = 1e-4) -> None:
-    """Max abs error within tol relative to the expected tensor's max abs (ATTENTION.md 4)."""
-    err = (actual.double() - expected.double()).abs().max().item()
-    bound = tol * max(expected.abs().max().item(), 1e-3)
-    assert err <= bound, f"max abs error {err:.3g} > {bound:.3g}"
-
+T = 9
 
 # --------------------------------------------------------------------------------------
 # Rotary positions
@@ -125,14 +104,6 @@ def causal_self(t, j, m):
 
 def causal_cross(t, j, m):
     return j <= min(t, m - 1)
-
-
-def padding_mask(length: int) -> torch.Tensor:
-    """Batch 0: all real; batch 1: the last 3 are padding; batch 2: the first 2 are."""
-    mask = torch.ones(3, length, dtype=torch.bool)
-    mask[1, length - 3 :] = False
-    mask[2, :2] = False
-    return mask
 
 
 def check_against_reference(block, x, context, mask, context_mask, visible):
@@ -226,23 +197,6 @@ def test_softmax_rejects_wrong_inputs():
 
 # --------------------------------------------------------------------------------------
 # The contract of every registered attention
-
-
-def patterns_of(name: str) -> frozenset:
-    """The block's patterns; a block that does not even import is given every pattern,
-    so that its tests fail (with the import error) rather than vanish."""
-    try:
-        return block_class(name).patterns
-    except ImportError:
-        return frozenset(PATTERN_NAMES)
-
-
-def supported(patterns):
-    return [(name, p) for name in ATTENTION_NAMES for p in sorted(patterns_of(name)) if p in patterns]
-
-
-def unsupported():
-    return [(name, p) for name in ATTENTION_NAMES for p in PATTERN_NAMES if p not in patterns_of(name)]
 
 
 def run(block, x, context=None, **kwargs):

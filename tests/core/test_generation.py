@@ -18,7 +18,7 @@ from torch import nn
 from lavo_tasks.attention import ATTENTION_NAMES
 from lavo_tasks.generation import beam_search, generate, generate_frames, reorder
 from lavo_tasks.stacks import Decoder
-from test_attention_blocks import attention_cfg, make_block, patterns_of, supported
+from attention_cases import attention_cfg, make_block, patterns_of, supported
 
 VOCAB, EOS, PAD, D_MODEL = 11, 1, 0, 16
 

@@ -453,7 +453,7 @@ def test_lm_ddp_on_two_processes_trains_like_one(tmp_path):
 
 # --- a task added as the README's "Adding a task" says, from a folder on LAVO_TASKS_PATH
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_task_files() -> dict[str, str]:

@@ -1,6 +1,6 @@
-"""Tokenized splits on disk (lavo_tasks.token_cache): written once, memory-mapped, reused
+"""Tokenized splits on disk (lavo_tasks.text.token_cache): written once, memory-mapped, reused
 while texts and tokenizer are unchanged, rebuilt otherwise (the LM data module on top of
-it: tests/test_lm.py)."""
+it: tests/tasks/lm/test_lm.py)."""
 
 import json
 import os
@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from lavo_tasks.tasks.lm.data import TokenWindows
-from lavo_tasks.token_cache import cached_token_stream, file_source, text_source
-from lavo_tasks.tokenizer import ByteTokenizer
+from lavo_tasks.text.token_cache import cached_token_stream, file_source, text_source
+from lavo_tasks.text.tokenizer import ByteTokenizer
 
 
 def byte_stream(*docs):

@@ -10,7 +10,8 @@ import torch
 from lavo_tasks.attention import ATTENTION_NAMES
 from lavo_tasks.generation import reorder
 from lavo_tasks.stacks import Decoder, Encoder
-from test_attention_blocks import assert_near, attention_cfg, padding_mask, patterns_of
+from attention_cases import attention_cfg, padding_mask, patterns_of
+from compare import assert_near
 from test_layers import changed_padding, decoder_cases
 
 D_MODEL, N_HEADS, D_FF, N_LAYERS, T, M = 16, 2, 32, 2, 9, 7

@@ -10,8 +10,8 @@ GSA slot counts 16-128 (both GSA kernel families) and LAVO ranks and windows at 
 edges. Run it under the memory checker too, so an out-of-bounds read is found even
 where it does not fault (docs/benchmarks.md gives both commands):
 
-    python3 -m pytest -m gpu tests/test_gpu_kernel_matrix.py
-    compute-sanitizer --tool memcheck python3 -m pytest -m gpu tests/test_gpu_kernel_matrix.py
+    python3 -m pytest -m gpu tests/kernels/test_gpu_kernel_matrix.py
+    compute-sanitizer --tool memcheck python3 -m pytest -m gpu tests/kernels/test_gpu_kernel_matrix.py
 """
 
 import pytest

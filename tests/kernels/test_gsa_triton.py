@@ -215,7 +215,7 @@ def test_bf16_dot_precision_families(monkeypatch, slots_prec, values_prec):
     bf16 as the GPU does) against the float64 reference on the same bf16-rounded inputs.
     The interpreter stores bf16 outputs rounded toward zero (the GPU: to nearest), which
     alone leaves 2-4e-3 relative RMS here; 1e-2 checks the bf16-operand path, the 5e-3
-    limit is checked on the GPU (tests/test_gpu_gsa.py)."""
+    limit is checked on the GPU (tests/kernels/test_gpu_gsa.py)."""
     monkeypatch.setattr(chunk, "PREC_SLOTS", slots_prec)
     monkeypatch.setattr(chunk, "PREC_VALUES", values_prec)
     xs = [x.to(torch.bfloat16) for x in _inputs(1, 70, 70, heads=2, seed=14)]

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from lavo_tasks.attention import ATTENTION_NAMES
 from lavo_tasks.config import compose, site_attention, validate
-from lavo_tasks.corpus import SPLITS, stdlib_modules, stdlib_splits
+from lavo_tasks.text.corpus import SPLITS, stdlib_modules, stdlib_splits
 from lavo_tasks.errors import ConfigError, DataError
 from lavo_tasks.tasks import lm
 from lavo_tasks.tasks.lm.data import read_text, split_files

@@ -6,7 +6,8 @@ import torch
 
 from lavo_tasks.attention import ATTENTION_NAMES
 from lavo_tasks.layers import TransformerDecoderLayer, TransformerEncoderLayer
-from test_attention_blocks import assert_near, attention_cfg, padding_mask, patterns_of
+from attention_cases import attention_cfg, padding_mask, patterns_of
+from compare import assert_near
 
 D_MODEL, N_HEADS, D_FF, T, M = 16, 2, 32, 9, 7
 

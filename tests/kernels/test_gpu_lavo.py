@@ -1,5 +1,5 @@
 """LAVO Triton kernels compiled on a CUDA GPU (marker `gpu`; run through the device tool:
-`python3 -m pytest -m gpu tests/test_gpu_lavo.py`).
+`python3 -m pytest -m gpu tests/kernels/test_gpu_lavo.py`).
 
 - fp32 inputs against the PyTorch path in float64 (max error <= 1e-4 of the max abs):
   the compiled kernels (ieee fp32 dots, the gather that sums bias diagonals, atomics)

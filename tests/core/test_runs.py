@@ -31,7 +31,8 @@ from lavo_tasks import evaluate, train
 from lavo_tasks.files import write_atomically
 from lavo_tasks.module import TaskModule
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parent  # holds test_train_cli.py
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def last_step(run_dir: Path) -> int:
@@ -209,10 +210,10 @@ def test_metrics_meta_records_checkpoint_attention_and_code(tiny_task, tmp_path,
     meta = json.loads((run_dir / "metrics.meta.json").read_text())
     assert meta["command"] == "train" and meta["task"] == "tiny" and meta["run_dir"] == str(run_dir)
     assert meta["checkpoint"] == {"name": "last", "path": str(run_dir / "checkpoints" / "last.ckpt"), "step": 4}
-    lavo = OmegaConf.to_container(OmegaConf.load(TESTS.parent / "configs" / "attention" / "lavo.yaml").attention)
+    lavo = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "attention" / "lavo.yaml").attention)
     assert meta["attention"] == {"attention": {**lavo, "window": 6, "rank": 4}}
     assert meta["values"] == {"test_loss": "scaled", "test_acc": "unscaled"}
-    head = subprocess.run(["git", "-C", str(TESTS.parent), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     assert meta["code"]["git_commit"] == head.strip() and isinstance(meta["code"]["git_dirty"], bool)
     assert meta["code"]["version"] == "0.1.0"
     record = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["lavo_tasks"]
