@@ -3,7 +3,7 @@
     python benchmarks/gsa_gpu_check.py [--out DIR] [--lengths 1024,2048,...]
         [--variants base,values_bf16,...]
 
-Protocol of PERFORMANCE.md: bf16, H=16, head dim 64, 64 slots, 65,536 tokens per step
+Protocol of docs/design.md §4: bf16, H=16, head dim 64, 64 slots, 65,536 tokens per step
 (B = 65536 / T), medians of `triton.testing.do_bench`, forward and forward+backward
 (sum of outputs, backward), peak memory of forward+backward; B=1, T=128K; decode latency
 with batch 8. Writes JSON lines to DIR/gsa_timing.jsonl and a per-kernel breakdown

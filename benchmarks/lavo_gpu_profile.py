@@ -35,7 +35,7 @@ from lavo_tasks.kernels.lavo.torch_path import torch_lavo_attn
 HEADS, DIM, WINDOW, RANK, TOKENS = 16, 64, 128, 64, 65536
 WIDE_AFTER_S = 75  # the d = 256 medians (more kernels to compile) run only if the rest took less
 VARIANTS_BUDGET_S = 110  # --variants: no new variant starts after this (compiles take a few s a kernel)
-CHECK_TOL = 5e-3  # --variants: relative RMS error allowed against the fp32 PyTorch path (ATTENTION.md section 4)
+CHECK_TOL = 5e-3  # --variants: relative RMS error allowed against the fp32 PyTorch path (docs/design.md §2.5)
 # name -> settings: "kernel.option" patches chunk.LAUNCH[kernel][option], an upper-case
 # name the integer constant chunk.NAME; "default" patches nothing. The others are the
 # launch settings next to the defaults, timed on them before (H200, 2026-11-30 15:20;

@@ -1,7 +1,7 @@
 """LAVO and GSA attention as functions of `[batch, time, heads, dim]` tensors.
 
 `backend="auto"` runs the Triton kernels on CUDA tensors and the chunked PyTorch path
-otherwise (see `backend.resolve_backend`). The math is the design's ATTENTION.md; the
+otherwise (see `backend.resolve_backend`). The math is docs/design.md §2; the
 slow token-loop references the tests compare against are in `lavo/reference.py` and
 `gsa/reference.py`. Tasks never import from here: they use `lavo_tasks.attention`.
 """

@@ -2,7 +2,7 @@
 
     python -m lavo_tasks.bench [--out DIR] [--lengths 1024,2048,...] [--ops softmax,lavo,...]
 
-The protocol is the design's PERFORMANCE.md: bf16 inputs, 16 heads of dim 64, a fixed
+The protocol is docs/design.md §4: bf16 inputs, 16 heads of dim 64, a fixed
 65,536 tokens per step (batch = 65536 / T), forward and forward+backward (sum of the
 outputs, backward) as medians of `triton.testing.do_bench`, peak memory of one
 forward+backward from `torch.cuda.max_memory_allocated`; then B=1, T=128K; then decode

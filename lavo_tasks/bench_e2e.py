@@ -3,7 +3,7 @@
     python -m lavo_tasks.bench_e2e [--out DIR] [--lengths 2048,8192,32768]
                                    [--attentions softmax,lavo,gsa] [--steps 10]
 
-The protocol is the end-to-end part of the design's PERFORMANCE.md: the LM of `task=lm`
+The protocol is the end-to-end part of docs/design.md §4: the LM of `task=lm`
 with `model.preset=cab` (12 layers, width 768, 12 heads of 64, d_ff 3072; dropout off),
 a 32,000-token vocabulary, 32,768 tokens per training step (batch = 32768 / T), one step
 = forward + backward + fused AdamW under bf16 autocast. lavo runs with window 128 and

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# folder of the checkout -> the package it installs as (ARCHITECTURE: the layout)
+# folder of the checkout -> the package it installs as (docs/design.md §1)
 MAPPED = {"lavo_tasks": "lavo_tasks", "kernels": "lavo_tasks.kernels", "tasks": "lavo_tasks.tasks",
           "configs": "lavo_tasks.configs"}
 

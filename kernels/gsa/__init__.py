@@ -1,5 +1,5 @@
 """GSA (gated slot attention) as functions: the whole sequence (`gsa_attn`) and one
-decode step (`gsa_decode_step`). Math and API: ATTENTION.md sections 2 and 5.
+decode step (`gsa_decode_step`). Math and API: docs/design.md §2.3 and §2.6.
 
 Both validate their arguments, then dispatch: "triton" to the Triton kernels
 (`chunk.chunk_gsa_attn`, `recurrent.recurrent_gsa_step`, imported on first use), "torch"

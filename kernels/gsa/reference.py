@@ -1,4 +1,4 @@
-"""The slow, obviously correct GSA: the recurrence of ATTENTION.md section 2, one token
+"""The slow, obviously correct GSA: the recurrence of docs/design.md §2.3, one token
 at a time. For tests only (the fast paths are compared against it); never on a training
 path.
 

@@ -1,6 +1,6 @@
 """GSA on the PyTorch path: chunked and vectorised, autograd does the backward.
 
-The recurrence (ATTENTION.md section 2) is two passes of gated linear attention joined
+The recurrence (docs/design.md §2.3) is two passes of gated linear attention joined
 by the slot softmax; both passes decay a write at j by D[t, j, i] = exp(A_t[i] - A_j[i])
 at the read t >= j, A the cumulative sum of log alpha (in fp32 at least). Every
 exponentiated number is a difference of cumulative sums that is <= 0, so nothing

@@ -1,4 +1,4 @@
-"""LAVO attention (design ATTENTION.md sections 1 and 5): `lavo_attn` for whole
+"""LAVO attention (docs/design.md §2.2 and §2.6): `lavo_attn` for whole
 sequences; for causal decoding `lavo_prefill` (the first positions at once) and
 `lavo_decode_step` (one token at a time); the cross-attention decoding helpers
 (`lavo_source`, `lavo_cross_decode`) the block uses."""

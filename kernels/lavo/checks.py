@@ -8,7 +8,7 @@ import torch
 
 
 def pattern_name(causal: bool, cross: bool) -> str:
-    """CS, NS, CC or NC (the CAB benchmark's names, design ATTENTION.md)."""
+    """CS, NS, CC or NC (the CAB benchmark's names, docs/design.md §2)."""
     return ("C" if causal else "N") + ("C" if cross else "S")
 
 

@@ -1,7 +1,7 @@
 """LAVO written the slow, obvious way: one query at a time, in float64. For the tests only.
 
 Every query's window and memory sets are listed position by position as the design's
-ATTENTION.md section 1 defines them, the memory slots are built as vectors
+docs/design.md §2.2 defines them, the memory slots are built as vectors
 `h_i * b_i` and serve as both keys and values, and one softmax runs over the window
 logits and the slot logits. Nothing here is shared with the fast paths, so they can be
 checked against it.

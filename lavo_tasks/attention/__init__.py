@@ -1,6 +1,6 @@
 """Attention blocks chosen by name: `softmax`, `local`, `lavo`, `gsa`.
 
-Every block has the same interface (the design's ARCHITECTURE.md, "The block API"):
+Every block has the same interface (docs/design.md §1):
 
     block = build_attention(cfg, d_model, n_heads=4, causal=True, cross=False)
     block = LavoAttention(d_model, 4, causal=True, cross=False, window=64)  # lavo_tasks.attention.lavo

@@ -1,4 +1,4 @@
-"""`gsa`: gated slot attention (ATTENTION.md section 2), every pattern, constant-size decode.
+"""`gsa`: gated slot attention (docs/design.md §2.3), every pattern, constant-size decode.
 
 The layer around the op follows the paper's released layer: q and k through swish,
 v through SiLU (the same function), per-head slot gates log alpha = logsigmoid(W_f x) / tau

@@ -1,4 +1,4 @@
-"""`lavo`: linear attention via orthogonal memory (ATTENTION.md section 1), every pattern.
+"""`lavo`: linear attention via orthogonal memory (docs/design.md §2.2), every pattern.
 
 The block owns the q/k/v/output projections and, per head, the orthonormal basis
 [H, r, d], the relative position bias (CS, CC: w entries; NS: w + 1; NC has no window and

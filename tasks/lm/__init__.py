@@ -1,6 +1,6 @@
 """Language modeling (`task=lm`): a decoder-only Transformer over a token stream.
 
-Design TASKS.md "Language modeling": PG-19 or plain text files (or the embedded
+docs/design.md §3 "Language modeling": PG-19 or plain text files (or the embedded
 standard-library corpus), byte / BPE / given tokenizer, perplexity at the training
 length and at 2x, 4x, 8x, text generated through the attentions' decode states.
 """

@@ -1,6 +1,6 @@
 """Point cloud completion (`task=pcc`): a PoinTr-style model on the PCN layout.
 
-Design TASKS.md "Point cloud completion": the PCN layout read with open3d (or the
+docs/design.md §3 "Point cloud completion": the PCN layout read with open3d (or the
 embedded default of open3d mesh primitives), Chamfer distance (CD-l1, CD-l2) and
 F-score@1% as PoinTr defines them, per category too, beside the same figures of the
 partial cloud itself; pictures of partial / predicted / true clouds.

@@ -1,6 +1,6 @@
 """Summarization (`task=summarization`): a Transformer encoder-decoder over multi-document sources.
 
-Design TASKS.md "Summarization": the Multi-News layout or JSON lines (or the embedded
+docs/design.md §3 "Summarization": the Multi-News layout or JSON lines (or the embedded
 standard-library default), byte / BPE / given tokenizer, label-smoothed training,
 greedy and beam-search decoding through the attentions' decode states, ROUGE-1/2/L
 with rouge-score beside the lead baseline, a table of generated summaries.

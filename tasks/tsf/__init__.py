@@ -1,6 +1,6 @@
 """Long sequence time-series forecasting (`task=tsf`): an Informer-style encoder-decoder.
 
-Design TASKS.md "Long sequence time-series forecasting": the ETT / Informer CSV layout
+docs/design.md §3 "Long sequence time-series forecasting": the ETT / Informer CSV layout
 (or the embedded gluonts-made default), modes S / M / MS, MSE / MAE on scaled values,
 MASE / sMAPE / ND through gluonts, forecast-vs-truth plots.
 """

@@ -1,6 +1,6 @@
 """Text-to-speech (`task=tts`): Transformer-TTS on the LJSpeech layout.
 
-Design TASKS.md "Text-to-speech": the LJSpeech layout (or the embedded default spoken by
+docs/design.md §3 "Text-to-speech": the LJSpeech layout (or the embedded default spoken by
 espeak-ng), characters or phonemes, 80-band log-mels, autoregressive decoding with every
 attention's decode state, Griffin-Lim audio, MCD / MSD as fairseq's eval_sp computes them.
 """

@@ -1,7 +1,7 @@
 """Attention blocks: `softmax` and `local` against slow references, and the contract every
 registered block must keep (causality, decode == full forward, padding, patterns).
 
-The references below are written from the definitions (ATTENTION.md sections 3-4),
+The references below are written from the definitions (docs/design.md §2.4-2.5),
 in float64 with a loop over (batch, query, head); they share nothing with the blocks
 but the weights.
 """

@@ -1,4 +1,4 @@
-"""The `gsa` block: its layer math against a composition written here from ATTENTION.md
+"""The `gsa` block: its layer math against a composition written here from docs/design.md §2
 section 2 over the token-loop reference, causality, decode == full forward, padding,
 configuration errors."""
 
@@ -40,7 +40,7 @@ def inputs(batch, n, m, seed=1):
 
 
 def layer_by_hand(block, x, source, kv_mask, causal, cross):
-    """ATTENTION.md section 2's layer in float64: swish q, k; SiLU v; log alpha =
+    """docs/design.md §2.3's layer in float64: swish q, k; SiLU v; log alpha =
     logsigmoid(W_f x) / tau; op (the token-loop reference); SiLU -> RMSNorm -> W_o."""
     w = {name: getattr(block, name).weight.double() for name in ("q_proj", "k_proj", "v_proj", "f_proj", "out_proj")}
     x, source = x.double(), source.double()

@@ -10,7 +10,7 @@ SMALL = ["model.d_model=128", "model.n_layers=1", "model.n_heads=2", "model.d_ff
 
 
 def test_protocol_model_sizes():
-    """The benchmark's LM is PERFORMANCE.md's: 12 layers of width 768, 12 heads, a
+    """The benchmark's LM is docs/design.md §4's: 12 layers of width 768, 12 heads, a
     32,000-token vocabulary, no dropout, and the kernel benchmark's LAVO sizes."""
     model = bench_e2e.build_model("lavo")
     assert len(model.decoder.layers) == 12

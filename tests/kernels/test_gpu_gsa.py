@@ -1,7 +1,7 @@
 """GSA Triton kernels on a GPU at realistic shapes (marker `gpu`; run on the device machine).
 
 bf16 kernels against the fp32 PyTorch path on the same (bf16-rounded) inputs: relative
-RMS error <= 5e-3 on outputs, final states and every gradient (ATTENTION.md section 4).
+RMS error <= 5e-3 on outputs, final states and every gradient (docs/design.md §2.5).
 """
 
 import pytest

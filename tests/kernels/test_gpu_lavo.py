@@ -6,7 +6,7 @@
   compute the same function as under the interpreter, for every pattern they support.
 - bf16 inputs against the PyTorch path in fp32 at the protocol's shape up to T = 8K,
   and at head dim 256 with rank 256: relative RMS
-  error <= 5e-3 on the output and every gradient (design ATTENTION.md §4).
+  error <= 5e-3 on the output and every gradient (docs/design.md §2.5).
 - B=1, T=128K: forward and backward run and give finite results.
 """
 

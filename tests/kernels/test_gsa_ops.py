@@ -1,6 +1,6 @@
 """GSA functional op on the PyTorch path, against the token-loop reference and by hand.
 
-Tolerances are ATTENTION.md section 4: fp32 max abs error <= 1e-4 of the reference
+Tolerances are docs/design.md §2.5: fp32 max abs error <= 1e-4 of the reference
 tensor's max abs; float64 much tighter; bf16 relative RMS <= 5e-3.
 """
 

@@ -3,7 +3,7 @@ interpreter (tests/conftest.py sets TRITON_INTERPRET=1 without a GPU).
 
 fp32 kernels vs the float64 reference: max abs error <= 1e-4 relative to the reference
 tensor's max abs, on outputs, final states and the gradients of q, k, v, log_alpha and
-the initial state (ATTENTION.md section 4). Shapes are small (the interpreter is slow)
+the initial state (docs/design.md §2.5). Shapes are small (the interpreter is slow)
 but cross the kernels' tiles: sub-chunks of 16 and chunks of 64 positions, odd head dims
 and slot counts (padded inside to 16).
 """

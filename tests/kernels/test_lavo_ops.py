@@ -1,5 +1,5 @@
 """LAVO op: the float64 token-loop reference against hand-computed numbers, then the
-chunked PyTorch path and the decode steps against the reference (ATTENTION.md section 4)."""
+chunked PyTorch path and the decode steps against the reference (docs/design.md §2.5)."""
 
 import math
 

@@ -5,7 +5,7 @@ On a CPU the kernels run under Triton's interpreter (conftest sets TRITON_INTERP
 the shapes are tiny. Most cases use chunks of 16 positions so that a few dozen tokens
 already span several chunks: the cross-chunk prefix sums (forward), suffix sums
 (backward), multi-block windows and the grouping of query chunks in the memory backward are all
-exercised. Tolerance (design ATTENTION.md section 4): fp32 inputs, max abs error <= 1e-4
+exercised. Tolerance (docs/design.md §2.5): fp32 inputs, max abs error <= 1e-4
 of the reference tensor's max abs, for the output and every gradient.
 """
 
