@@ -1,7 +1,8 @@
 """Test-wide settings.
 
 Without a GPU the Triton kernels run through Triton's interpreter, which must be
-switched on before any kernel is compiled: that is done here, before test modules import.
+switched on before any kernel is compiled: that is done here, before test modules import
+(in every pytest-xdist worker too, each of which imports this file first).
 Tests marked `gpu` need CUDA and are skipped without it (they run on the device machine).
 """
 
@@ -13,7 +14,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Two cores in all: under pytest-xdist each of the workers gets its share.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads()) // _WORKERS))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,6 +10,7 @@ The splits are named `train`, `val`, `test`, as in every task's code.
 
 import ast
 import functools
+import os
 import sysconfig
 import zlib
 from dataclasses import dataclass
@@ -48,15 +49,23 @@ def _docstrings(source: bytes) -> list[str]:
     return found
 
 
+def _stdlib_files(root: Path) -> list[Path]:
+    """The .py files under root outside _SKIPPED_DIRS; those folders are not walked at all
+    (site-packages alone holds several times the standard library's files)."""
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [name for name in subfolders if name not in _SKIPPED_DIRS]
+        files += [Path(folder) / name for name in names if name.endswith(".py")]
+    return files
+
+
 @functools.cache
 def stdlib_modules() -> tuple[ModuleDocs, ...]:
     """Every standard-library module with at least one docstring, sorted by path."""
     root = Path(sysconfig.get_paths()["stdlib"])
     modules = []
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(_stdlib_files(root)):
         relative = path.relative_to(root)
-        if _SKIPPED_DIRS.intersection(relative.parts[:-1]):
-            continue
         try:
             docs = _docstrings(path.read_bytes())
         except (SyntaxError, ValueError):  # a few files are templates or Python 2 samples
