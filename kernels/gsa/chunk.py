@@ -98,22 +98,19 @@ def _block(n: int) -> int:
 # PREC_SLOTS for the dots whose results reach the log-gate gradient (state writes and their
 # gradients, slot-side reads, ds): that gradient is a difference of large sums, and plain
 # tf32 there left it at 6.7e-3 relative RMS at 8K (limit 5e-3); bf16x3 keeps about 16 bits:
-# 2.3e-3 there as with tf32x3, fwd+bwd 26.9 ms instead of 30.3 (H200, 8 warps, d=M=64).
-# PREC_VALUES for the dots that only reach o, dq, dk, dv: bf16 operands leave 2.4e-3 on o and
-# 2.9-3.1e-3 on dq, dk, dv (tf32: 2.0e-3 / 2.6e-3) and take the whole-chunk kernels from
-# 8.81 to 7.35 ms fwd+bwd at 1K (H200, 2026-11-30 14:08; tf32 operands make the key side
-# spill). Values: "tf32x3", "bf16x3", "tf32", "bf16" (see chunk_kernels).
+# 2.3e-3 there, as tf32x3 does, and is faster than tf32x3.
+# PREC_VALUES for the dots that only reach o, dq, dk, dv: bf16 operands stay within
+# 2.4-3.1e-3 there and are the fastest (tf32 operands make the key side spill).
+# Values: "tf32x3", "bf16x3", "tf32", "bf16" (see chunk_kernels). Timings: docs/benchmarks.md.
 PREC_SLOTS = "bf16x3"
 PREC_VALUES = "bf16"
 # warps of the per-sub-chunk kernels for 64-wide tiles (output, query side, key side);
-# tiles wider than 64 take 8. H200, d=M=64: fwd+bwd 16.9 ms at 4 warps, 27.0 at 8.
+# tiles wider than 64 take 8 (at d=M=64, 8 warps are 1.6x slower).
 WARPS = {"output": 4, "query": 4, "key": 4}
 # Slot counts up to WHOLE_MAX_SLOTS and head dims up to WHOLE_MAX_DIM run the kernels of
 # `whole_chunk_kernels.py` (one program per chunk, BT-row products) in place of the
 # per-sub-chunk ones; WHOLE_BC rows per block of their intra-chunk split (a divisor of BT).
-# H200, 2026-11-30 13:50 (bf16, H=16, d=M=64, T=1K / 64K fwd+bwd ms): blocks of 64 and
-# 4 warps 7.91 / 9.67; 8 warps 8.89 / 10.65; blocks of 32: 11.09 (8 warps), of 16: 14.43;
-# the per-sub-chunk kernels 15.36 / 17.12.
+# Blocks of 64 rows at 4 warps are the fastest timed (about 2x the per-sub-chunk kernels).
 WHOLE_MAX_SLOTS, WHOLE_MAX_DIM = 64, 128
 WHOLE_BC = 64
 # The whole-chunk kernels' slot and head-dim tiles are at least this wide. Triton 3.6

@@ -31,15 +31,10 @@ DELTA_TILE = 4096  # elements of o per program of the Delta kernel
 RANK_BLOCK = 64  # basis rows per step of the memory loops
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634  # the kernels' logits are in log2 units
-# launch settings, timed by `gpu_profile --variants` (H200, bf16, H=16, d=64, w=128,
-# r=64, 65,536 tokens per step). 4 warps beat 8 by 1.5-1.7x at d=64 in all three kernels
-# and were within 6% at d=256; ptxas's own register count beat a cap of 168
-# (2026-11-30 12:45). With the bias tiles and the pipelined memory backward (2026-11-30
-# 15:20, fwd+bwd ms at T=1K / 8K): dkv query tiles of C/2 rows (SPLIT 2) with their
-# loads pipelined (2 stages) 2.803 / 2.794, at 1 stage 2.896 / 2.904, SPLIT 1 (64-row
-# tiles, all products on wgmma but 300 B of spills) 2.846 / 2.846 (2 stages: 2.905 /
-# 2.913); mem_bwd 3 stages 3.183 / 3.192; DQ_GROUP 16 or 4 within 0.02 ms; fwd 2 stages
-# 0.507 ms alone (1 stage 0.545, 3 stages 0.585 / 0.725).
+# Launch settings per kernel, the fastest correct variant timed by
+# `benchmarks/lavo_gpu_profile.py --variants` at the protocol shape (docs/design.md §4): 4 warps
+# (8 is 1.5-1.7x slower at d=64), ptxas's own register count, dkv query tiles of C/2 rows
+# with their loads pipelined over 2 stages. The timings: docs/benchmarks.md, "Launch settings".
 LAUNCH = {
     "fwd": dict(num_warps=4, num_stages=2),
     "mem_bwd": dict(num_warps=4, num_stages=2),

@@ -9,14 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from lavo_tasks.kernels import gsa_attn, gsa_decode_step
+from compare import rms_rel_error
 
 pytestmark = pytest.mark.gpu
 TOL = 5e-3
-
-
-def _rel_rms(x, ref):
-    x, ref = x.double(), ref.double()
-    return ((x - ref).norm() / ref.norm()).item()
 
 
 def _inputs(batch, n, m, heads, dk, dv, slots, seed=0):
@@ -46,7 +42,7 @@ def _compare(xs, states=None, dtype=torch.bfloat16, tol=TOL, **kw):
     names = ["o", "K~_T", "V~_T", "dq", "dk", "dv", "dlog_alpha", "dK~_0", "dV~_0"]
     fast = _run("triton", xs, states, dtype, **kw)
     ref = _run("torch", xs, states, **kw)
-    errors = {n: _rel_rms(a, b) for n, a, b in zip(names, fast, ref)}
+    errors = {n: rms_rel_error(a, b) for n, a, b in zip(names, fast, ref)}
     assert all(e <= tol for e in errors.values()), " ".join(f"{n}={e:.1e}" for n, e in errors.items())
 
 
@@ -93,7 +89,7 @@ def test_128k_forward_backward_runs_and_is_causal():
     o.float().square().mean().backward()
     assert torch.isfinite(o).all() and all(torch.isfinite(x.grad).all() for x in (q, k, v, la))
     prefix, _ = gsa_attn(q[:, :4096], k[:, :4096], v[:, :4096], la[:, :4096], backend="triton")
-    assert _rel_rms(o[:, :4096], prefix) <= 1e-6
+    assert rms_rel_error(o[:, :4096], prefix) <= 1e-6
 
 
 def test_decode_steps_match_full_forward():
@@ -104,5 +100,5 @@ def test_decode_steps_match_full_forward():
     for t in range(96):
         o, state = gsa_decode_step(q[:, t], k[:, t], v[:, t], la[:, t], state, backend="triton")
         steps.append(o)
-    assert _rel_rms(torch.stack(steps, 1), full) <= TOL
-    assert _rel_rms(state[0], final[0]) <= 1e-5 and _rel_rms(state[1], final[1]) <= 1e-5
+    assert rms_rel_error(torch.stack(steps, 1), full) <= TOL
+    assert rms_rel_error(state[0], final[0]) <= 1e-5 and rms_rel_error(state[1], final[1]) <= 1e-5

@@ -15,6 +15,7 @@ import torch
 
 from lavo_tasks.kernels.lavo.chunk import chunk_lavo_attn
 from lavo_tasks.kernels.lavo.torch_path import torch_lavo_attn
+from compare import max_rel_error, rms_rel_error
 
 pytestmark = pytest.mark.gpu
 GRAD_NAMES = ("q", "k", "v", "basis", "rel_bias", "mem_bias")
@@ -51,14 +52,6 @@ def compare(inputs, *, ref_dtype, metric, tol, **options):
     assert all(err <= tol for err in errors.values()), errors
 
 
-def max_rel(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
-def rms_rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
-
-
 @pytest.mark.parametrize(
     "pattern, n, m, window, masked, packed",
     [("CS", 300, 300, 128, False, False), ("CS", 333, 333, 70, True, True), ("NS", 260, 260, 64, True, False),
@@ -70,7 +63,7 @@ def test_fp32_matches_torch_path_in_float64(pattern, n, m, window, masked, packe
     inputs = make_inputs(batch, n, m, 3, 48, 20, window, causal, torch.float32, seed=n)
     mask = torch.rand(batch, m, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)) > 0.2
     cu = torch.tensor([0, 100, 101, 260, n], device="cuda", dtype=torch.int32) if packed else None
-    compare(inputs, ref_dtype=torch.float64, metric=max_rel, tol=1e-4, window=window, causal=causal, cross=cross,
+    compare(inputs, ref_dtype=torch.float64, metric=max_rel_error, tol=1e-4, window=window, causal=causal, cross=cross,
             kv_mask=mask if masked else None, cu_seqlens=cu)
 
 
@@ -87,7 +80,7 @@ def test_fp32_noncausal_cross_segments_match_torch_path_in_float64():
     got = outputs_and_grads(ours, leaves, None, grad_out)
     want = outputs_and_grads(torch_path, leaves, torch.float64, grad_out)
     names = ("output", "dq", "dv", "dbasis", "dmem_bias")
-    errors = {name: max_rel(a.double(), b.double()) for name, a, b in zip(names, got, want)}
+    errors = {name: max_rel_error(a.double(), b.double()) for name, a, b in zip(names, got, want)}
     print(errors)
     assert all(err <= 1e-4 for err in errors.values()), errors
 
@@ -95,12 +88,12 @@ def test_fp32_noncausal_cross_segments_match_torch_path_in_float64():
 @pytest.mark.parametrize("batch, n", [(4, 1024), (1, 8192)])
 def test_bf16_matches_fp32_torch_path(batch, n):
     inputs = make_inputs(batch, n, n, 16, 64, 64, 128, True, torch.bfloat16, seed=n)
-    compare(inputs, ref_dtype=torch.float32, metric=rms_rel, tol=5e-3, window=128, causal=True, cross=False)
+    compare(inputs, ref_dtype=torch.float32, metric=rms_rel_error, tol=5e-3, window=128, causal=True, cross=False)
 
 
 def test_bf16_noncausal_self_and_odd_head_dim():
     inputs = make_inputs(2, 3000, 3000, 4, 96, 80, 256, False, torch.bfloat16, seed=3)
-    compare(inputs, ref_dtype=torch.float32, metric=rms_rel, tol=5e-3, window=256, causal=False, cross=False)
+    compare(inputs, ref_dtype=torch.float32, metric=rms_rel_error, tol=5e-3, window=256, causal=False, cross=False)
 
 
 def test_bf16_head_dim_256_full_rank():
@@ -108,7 +101,7 @@ def test_bf16_head_dim_256_full_rank():
     # only, to keep the compiles few (the noncausal paths are the same code at d = 96)
     window = 128
     inputs = make_inputs(2, 700, 700, 2, 256, 256, window, True, torch.bfloat16, seed=256)
-    compare(inputs, ref_dtype=torch.float32, metric=rms_rel, tol=5e-3, window=window, causal=True, cross=False)
+    compare(inputs, ref_dtype=torch.float32, metric=rms_rel_error, tol=5e-3, window=window, causal=True, cross=False)
 
 
 def test_128k_forward_backward_runs():
@@ -143,7 +136,7 @@ def test_decode_step_bf16_matches_torch_step_and_latency():
     _, _, _, basis, rel_bias, mem_bias = make_inputs(1, 1, 1, heads, dim, rank, window, True, torch.bfloat16, seed=9)
     got, new = recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, window=window)
     want, twin = lavo_decode_step(q, k, v, basis, rel_bias, mem_bias, state, window=window, backend="torch")
-    assert rms_rel(got.double(), want.double()) <= 5e-3
+    assert rms_rel_error(got.double(), want.double()) <= 5e-3
     assert torch.equal(new.keys, twin.keys) and torch.equal(new.values, twin.values)
     ms = do_bench(lambda: recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, window=window),
                   warmup=25, rep=100, return_mode="median")

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from lavo_tasks.kernels import gsa_attn, gsa_decode_step
 from lavo_tasks.kernels.gsa import torch_path
 from lavo_tasks.kernels.gsa.reference import reference_gsa_attn
+from compare import assert_near
 
 PATTERNS = {"CS": (True, False), "NS": (False, False), "CC": (True, True), "NC": (False, True)}
 
@@ -110,12 +111,6 @@ def run_with_grads(fn, tensors, state, *, seed=1, **kwargs):
     return [o, *final], grads
 
 
-def assert_close_rel(actual, expected, rel, what):
-    err = (actual.double() - expected.double()).abs().max().item()
-    bound = rel * max(expected.double().abs().max().item(), 1e-30)
-    assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g}"
-
-
 NAMES = ("o", "final K~", "final V~", "grad q", "grad k", "grad v", "grad log_alpha",
          "grad initial K~", "grad initial V~")
 
@@ -136,7 +131,7 @@ def test_torch_path_matches_reference(pattern, n, m, dtype, rel):
                                       [s.double() for s in state], **kwargs)
     assert got[0].dtype == dtype
     for name, a, b in zip(NAMES, got + list(got_grads), want + list(want_grads)):
-        assert_close_rel(a, b, rel, f"{pattern} {name}")
+        assert_near(a, b, rel, f"{pattern} {name}")
     if not cross:
         assert (got[0][~mask] == 0).all(), "padded queries must output 0"
 
@@ -148,7 +143,7 @@ def test_torch_path_other_head_dims_and_no_state():
         o, final = gsa_attn(*tensors, causal=causal, cross=cross, output_final_state=True, backend="torch")
         o_ref, final_ref = reference_gsa_attn(*tensors, causal=causal, cross=cross, output_final_state=True)
         for a, b in zip((o, *final), (o_ref, *final_ref)):
-            assert_close_rel(a, b, 1e-10, pattern)
+            assert_near(a, b, 1e-10, pattern)
 
 
 def test_extreme_gates_stay_finite_and_exact():
@@ -163,7 +158,7 @@ def test_extreme_gates_stay_finite_and_exact():
                                           [s.double() for s in state], causal=causal)
         for name, a, b in zip(NAMES, got + list(got_grads), want + list(want_grads)):
             assert torch.isfinite(a).all(), name
-            assert_close_rel(a, b, 1e-4, name)
+            assert_near(a, b, 1e-4, name)
 
 
 def test_bf16_inputs():
@@ -200,12 +195,12 @@ def test_cu_seqlens_packing_equals_separate_sequences(pattern):
         finals_v.append(fv)
     separate = [torch.cat(outputs, dim=1), torch.cat(finals_k), torch.cat(finals_v)]
     for name, a, b in zip(NAMES, got, separate):
-        assert_close_rel(a, b, 1e-5, name)
+        assert_near(a, b, 1e-5, name)
     # and the gradients against the reference, which runs each packed sequence alone
     want, want_grads = run_with_grads(reference_gsa_attn, [x.double() for x in tensors], [s.double() for s in state],
                                       causal=causal, kv_mask=mask, cu_seqlens=cu)
     for name, a, b in zip(NAMES, got + list(got_grads), want + list(want_grads)):
-        assert_close_rel(a, b, 1e-4, name)
+        assert_near(a, b, 1e-4, name)
 
 
 @pytest.mark.parametrize("pattern", ["CS", "CC"])
@@ -232,9 +227,9 @@ def test_decode_steps_equal_full_forward():
     for t in range(n):
         o, memory = gsa_decode_step(q[:, t], k[:, t], v[:, t], log_alpha[:, t], memory, backend="torch")
         outputs.append(o)
-    assert_close_rel(torch.stack(outputs, dim=1), full, 1e-5, "CS decode")
+    assert_near(torch.stack(outputs, dim=1), full, 1e-5, "CS decode")
     for a, b in zip(memory, full_final):
-        assert_close_rel(a, b, 1e-5, "CS decode state")
+        assert_near(a, b, 1e-5, "CS decode state")
 
     src = [x[:, :m] for x in (k, v, log_alpha)]
     pass_through = [torch.zeros_like(x[:, 0]) for x in src]
@@ -249,7 +244,7 @@ def test_decode_steps_equal_full_forward():
             write = [x[:, t] for x in src] if causal and t < m else pass_through
             o, memory = gsa_decode_step(q[:, t], *write, memory, backend="torch")
             outputs.append(o)
-        assert_close_rel(torch.stack(outputs, dim=1), full, 1e-5, "CC decode" if causal else "NC decode")
+        assert_near(torch.stack(outputs, dim=1), full, 1e-5, "CC decode" if causal else "NC decode")
 
 
 def test_decode_step_matches_reference_step():

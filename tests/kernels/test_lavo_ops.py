@@ -15,6 +15,7 @@ from lavo_tasks.kernels.lavo import (
     lavo_source,
 )
 from lavo_tasks.kernels.lavo.reference import reference_lavo_attn
+from compare import assert_near
 
 PATTERNS = {"CS": (True, False), "NS": (False, False), "CC": (True, True), "NC": (False, True)}
 
@@ -46,14 +47,6 @@ def outputs_and_grads(fn, inputs, upstream, **kwargs):
     out = fn(*leaves, **kwargs)
     (out * upstream.to(out.dtype)).sum().backward()
     return out.detach(), [None if t is None else t.grad for t in leaves]
-
-
-def assert_close_to_max(actual, expected, rel, what):
-    """|actual - expected| <= rel * max|expected| (the design's tolerance rule)."""
-    assert actual.shape == expected.shape, what
-    err = (actual.double() - expected.double()).abs().max().item()
-    bound = rel * max(expected.double().abs().max().item(), 1e-12)
-    assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g}"
 
 
 # --- the reference against numbers computed by hand ---------------------------------------
@@ -153,10 +146,10 @@ def test_torch_path_float32_within_tolerance(pattern):
     inputs64 = [None if t is None else t.double() for t in inputs]
     ref_out, ref_grads = outputs_and_grads(reference_lavo_attn, inputs64, upstream, **kw)
     assert out.dtype == torch.float32
-    assert_close_to_max(out, ref_out, 1e-4, "output")
+    assert_near(out, ref_out, 1e-4, "output")
     for name, g, ref in zip(("q", "k", "v", "basis", "rel_bias", "mem_bias"), grads, ref_grads):
         if ref is not None:
-            assert_close_to_max(g, ref, 1e-4, f"grad {name}")
+            assert_near(g, ref, 1e-4, f"grad {name}")
 
 
 def test_torch_path_bfloat16_relative_rms():
@@ -324,6 +317,6 @@ def test_auto_backend_falls_back_for_what_the_kernels_do_not_cover(monkeypatch):
     with pytest.warns(RuntimeWarning, match="float64"):
         o = lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=3)
     expected = reference_lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=3)
-    assert_close_to_max(o, expected, 1e-10, "fallback output")
+    assert_near(o, expected, 1e-10, "fallback output")
     with pytest.raises(NotImplementedError, match="float64"):
         lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=3, backend="triton")
