@@ -3,8 +3,9 @@
 A run folder (`run.dir`) holds `config.yaml` (the resolved configuration) and
 `spec.json` (the data spec, see lavo_tasks.task), which together rebuild the model,
 `checkpoints/` (`last.ckpt`, `best.ckpt` by `val_loss`), `metrics.jsonl` (one line per validation), `metrics.json` (the final test metrics, flat
-`{name: number}`) with `metrics.meta.json` (which checkpoint and step, the attention of
-each site, the code version), `logs/metrics.csv` (the training log, one file across
+`{name: number}`, of best.ckpt: the weights of the best validation, so a longer run cannot
+test worse than its best point) with `metrics.meta.json` (which checkpoint and step, the
+attention of each site, the code version), `logs/metrics.csv` (the training log, one file across
 resumes), `artifacts/` (the loss curve, and what the task module's test hooks write) and
 `eval/<ckpt>-<time>/` (each `evaluate`: its own metrics and artifacts).
 
@@ -31,7 +32,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -402,9 +403,29 @@ def held_lightning_info():
         logger.handlers = handlers
 
 
+# `trainer.*` keys that configure the run's callbacks rather than lightning.Trainer.
+CALLBACK_KEYS = ("early_stopping_patience",)
+
+
+def early_stopping(cfg: DictConfig) -> list[EarlyStopping]:
+    """[EarlyStopping on val_loss] when trainer.early_stopping_patience > 0: training
+    stops after that many validations in a row without a lower val_loss; [] when 0."""
+    patience = cfg.trainer.early_stopping_patience
+    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+        raise ConfigError(f"trainer.early_stopping_patience={patience!r}: must be an integer >= 0 "
+                          "(validations without a lower val_loss before training stops; 0: never stop early)")
+    if patience == 0:
+        return []
+    return [EarlyStopping(monitor=MONITOR, mode="min", patience=patience, check_on_train_epoch_end=False)]
+
+
 def build_trainer(cfg: DictConfig, run_dir: Path, *, fitting: bool) -> L.Trainer:
-    """A Trainer from the `trainer.*` keys (passed through, `precision: auto` resolved)."""
+    """A Trainer from the `trainer.*` keys (passed through, `precision: auto` resolved;
+    CALLBACK_KEYS configure callbacks)."""
     kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    for key in CALLBACK_KEYS:
+        kwargs.pop(key)
+    stopping = early_stopping(cfg)
     if kwargs["precision"] == "auto":
         on_gpu = torch.cuda.is_available() and kwargs["accelerator"] in ("auto", "gpu", "cuda")
         kwargs["precision"] = "bf16-mixed" if on_gpu else "32-true"
@@ -416,7 +437,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, fitting: bool) -> L.Trainer
         callbacks = [RunCheckpoint(checkpoints, cfg), ValidateAtEnd(), ValidationLog(run_dir / "metrics.jsonl"),
                      TrainingLog(run_dir / "logs" / "metrics.csv", cfg.trainer.log_every_n_steps,
                                  run_dir / "artifacts" / "loss.png", title),
-                     SignalCheckpoint(checkpoints / "last.ckpt", cfg.run.checkpoint_every)]
+                     SignalCheckpoint(checkpoints / "last.ckpt", cfg.run.checkpoint_every), *stopping]
     try:
         return L.Trainer(
             **kwargs,
@@ -511,10 +532,20 @@ def train(cfg: DictConfig) -> dict[str, float]:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     if stopper.signum is not None:  # arrived during the last step: training is complete
         raise Interrupted(stopper.signum, trainer.global_step, run_dir)
-    checkpoint = {"name": "last", "path": str(run_dir / "checkpoints" / "last.ckpt"), "step": trainer.global_step}
-    results = trainer.test(module, datamodule=datamodule, verbose=False)
+    checkpoint = best_checkpoint(run_dir)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks")
+        results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint["path"], verbose=False)
     meta = result_meta(cfg, command="train", checkpoint=checkpoint, metric_values=metric_values(module))
     return write_results(run_dir, results, meta)
+
+
+def best_checkpoint(run_dir: Path) -> dict:
+    """{name, path, step} of best.ckpt, the checkpoint of the lowest val_loss (every
+    training ends on a validation, so it exists)."""
+    path = run_dir / "checkpoints" / "best.ckpt"
+    step = int(read_checkpoint(path, "best").get("global_step", -1))
+    return {"name": "best", "path": str(path), "step": step}
 
 
 def read_checkpoint(path: Path, ckpt: str) -> dict:

@@ -18,7 +18,8 @@ the decoder rows [i + L - label_len, i + L + pred_len): `label_len` known steps 
 
 The embedded default (`data.path: ""`) is a 14,400-row hourly series made with
 `gluonts.dataset.artificial` and written once to `<run.dir>/data/synthetic_hourly.csv`;
-the same reader loads it, and its length gives it the ETTh split.
+the same reader loads it, and its length gives it the ETTh split. Like the ETT series,
+it drifts in level and scale between the splits (see write_default_csv).
 """
 
 import warnings
@@ -49,6 +50,7 @@ ETT_LAYOUTS = {pd.Timedelta("1h"): 1, pd.Timedelta("15min"): 4}  # time step -> 
 DEFAULT_FILE = "synthetic_hourly.csv"
 DEFAULT_ROWS = 14_400  # exactly the ETTh 12/4/4-month split
 DEFAULT_DATA_SEED = 2016  # the default series is the same for every run, whatever `seed`
+DRIFT_SCALE, DRIFT_LEVEL = 1.6, 1.5  # the default series' drift by its last row (write_default_csv)
 VAL_ORDER_SEED = 0  # the validation sample (trainer.limit_val_batches) too
 
 
@@ -148,6 +150,12 @@ def write_default_csv(path: Path, rows: int = DEFAULT_ROWS, seed: int = DEFAULT_
     daily cycle and a slow AR(1) drift, so multivariate input helps to forecast it. The
     pieces are `gluonts.dataset.artificial.recipe` generators; gluonts seeds numpy's
     global generator, whose state is restored afterwards.
+
+    Then every channel drifts as real ETT series do between the training months and the
+    later ones: its deviations from its mean grow linearly in time to DRIFT_SCALE times
+    at the last row, and its level moves by up to DRIFT_LEVEL of its standard deviations
+    (a random sign per channel), so the validation and test months have a level and
+    scale the training months never show.
     """
     with warnings.catch_warnings():  # gluonts suggests faster json packages on import
         warnings.simplefilter("ignore")
@@ -184,8 +192,12 @@ def write_default_csv(path: Path, rows: int = DEFAULT_ROWS, seed: int = DEFAULT_
         np.random.set_state(numpy_state)
 
     frame = pd.DataFrame({"date": pd.date_range(start.to_timestamp(), periods=rows, freq="h")})
+    progress = np.arange(rows) / (rows - 1)  # 0 at the first row, 1 at the last
     for name in recipe:
-        frame[name] = entry[name]
+        values = np.asarray(entry[name], dtype=np.float64)
+        mean, std = values.mean(), values.std()
+        level = rng.choice([-1.0, 1.0]) * DRIFT_LEVEL * std
+        frame[name] = mean + (values - mean) * (1 + (DRIFT_SCALE - 1) * progress) + level * progress
     path.parent.mkdir(parents=True, exist_ok=True)
     text = frame.to_csv(index=False, float_format="%.4f", date_format="%Y-%m-%d %H:%M:%S")
     write_atomically(path, lambda f: f.write(text.encode("utf-8")))  # a reader never sees a half-written file

@@ -1,8 +1,8 @@
 """Forecast metrics.
 
 - MSE / MAE on the scaled values, the Informer / CAB protocol: the mean over every
-  (window, horizon step, channel) of the test set. Batches are accumulated as sums and
-  counts, so an uneven last batch does not change the result.
+  (window, horizon step, channel) of the test set, as torchmetrics' MeanSquaredError /
+  MeanAbsoluteError accumulate them (tasks.tsf.module).
 - MASE, sMAPE, ND on the unscaled values through gluonts' evaluation (`gluonts.ev`):
   each (window, channel) pair is one forecast of `pred_len` steps; the point forecast
   plays the median ("0.5"). As gluonts' Evaluator does, MASE is scaled by the seasonal
@@ -13,25 +13,7 @@
 """
 
 import numpy as np
-import torch
 from gluonts.ev.metrics import MASE, ND, SMAPE
-
-
-class ScaledErrors:
-    """Running sums for MSE and MAE over every element of every batch."""
-
-    def __init__(self):
-        self.squared = self.absolute = 0.0
-        self.count = 0
-
-    def update(self, prediction: torch.Tensor, truth: torch.Tensor) -> None:
-        error = (prediction.double() - truth.double()).flatten()
-        self.squared += float(error.square().sum())
-        self.absolute += float(error.abs().sum())
-        self.count += error.numel()
-
-    def compute(self) -> dict[str, float]:
-        return {"mse": self.squared / self.count, "mae": self.absolute / self.count}
 
 
 def seasonal_errors(series: np.ndarray, starts: np.ndarray, seasonality: int) -> np.ndarray:

@@ -5,6 +5,13 @@
              -> Decoder, M layers (causal self, CS; noncausal cross, NC)
     head:    the last pred_len decoder positions -> Linear -> n_outputs channels
 
+With `instance_norm` (RevIN, Kim et al., ICLR 2022) each window is first normalised by
+its own statistics: every input channel's mean and standard deviation over the encoder's
+seq_len steps, then a learnable per-channel affine. The decoder's known label_len steps
+are normalised with the same statistics (they are the window's last steps), and the
+forecast channels are de-normalised with them, so the network sees windows of one level
+and scale wherever in the series they lie.
+
 The embedding is Informer's: a circular convolution of width 3 over the values, plus
 fixed sinusoidal positions, plus a learned embedding of each calendar feature (month,
 day, weekday, hour, minute), summed. Each of the three attention sites takes its own
@@ -48,12 +55,42 @@ class SeriesEmbedding(nn.Module):
         return self.drop(h)
 
 
+class InstanceNorm(nn.Module):
+    """RevIN: `normalise` a window by its own per-channel mean and standard deviation over
+    time (population, plus `eps` under the root), then a learnable per-channel affine;
+    `denormalise` inverts both for the last `n` channels, with the statistics of the
+    window last normalised (set by `statistics`). Parameters: `weight`, `bias` [C]."""
+
+    def __init__(self, n_channels: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(n_channels))
+        self.bias = nn.Parameter(torch.zeros(n_channels))
+
+    def statistics(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, C] -> mean, std [B, 1, C]."""
+        mean = x.mean(dim=1, keepdim=True)
+        std = torch.sqrt(x.var(dim=1, keepdim=True, unbiased=False) + self.eps)
+        return mean, std
+
+    def normalise(self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """x [B, T, C] with the statistics [B, 1, C] of its window."""
+        return (x - mean) / std * self.weight + self.bias
+
+    def denormalise(self, y: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """y [B, T, n] normalised values of the last n channels -> their original scale."""
+        n = y.shape[-1]
+        weight, bias = self.weight[-n:], self.bias[-n:]
+        return (y - bias) / (weight + self.eps**2) * std[..., -n:] + mean[..., -n:]
+
+
 class Forecaster(nn.Module):
     def __init__(self, n_inputs: int, n_outputs: int, *, d_model: int, n_heads: int, encoder_layers: int,
-                 decoder_layers: int, d_ff: int, dropout: float, encoder_attention: DictConfig,
+                 decoder_layers: int, d_ff: int, dropout: float, instance_norm: bool, encoder_attention: DictConfig,
                  decoder_attention: DictConfig, cross_attention: DictConfig):
         super().__init__()
         self.n_outputs = n_outputs
+        self.instance_norm = InstanceNorm(n_inputs) if instance_norm else None
         self.encoder_embedding = SeriesEmbedding(n_inputs, d_model, dropout)
         self.decoder_embedding = SeriesEmbedding(n_inputs, d_model, dropout)
         self.encoder = Encoder(d_model=d_model, n_heads=n_heads, n_layers=encoder_layers, attention=encoder_attention,
@@ -68,7 +105,13 @@ class Forecaster(nn.Module):
         label_len input steps); y_mark [B, label_len + pred_len, 5].
         Returns the forecast [B, pred_len, n_outputs]."""
         pred_len = y_mark.shape[1] - y_known.shape[1]
+        if self.instance_norm is not None:
+            mean, std = self.instance_norm.statistics(x)
+            x, y_known = self.instance_norm.normalise(x, mean, std), self.instance_norm.normalise(y_known, mean, std)
         memory = self.encoder(self.encoder_embedding(x, x_mark))
         placeholder = y_known.new_zeros(y_known.shape[0], pred_len, y_known.shape[2])
         h = self.decoder_embedding(torch.cat([y_known, placeholder], dim=1), y_mark)  # [B, label_len + pred_len, D]
-        return self.head(self.decoder(h, memory)[:, -pred_len:])
+        forecast = self.head(self.decoder(h, memory)[:, -pred_len:])  # [B, pred_len, n_outputs]
+        if self.instance_norm is not None:
+            forecast = self.instance_norm.denormalise(forecast, mean, std)
+        return forecast

@@ -2,17 +2,22 @@
 
 Loss: MSE on the scaled forecast steps (Informer). Validation logs `val_loss` (MSE) and
 `val_mae`. Test logs `test_mse`, `test_mae` (scaled, Informer protocol), `test_mase`,
-`test_smape`, `test_nd` (unscaled, through gluonts), and the same MSE / MAE of the
-model-free repeat-last-value forecast on the same windows (`test_last_value_mse`,
-`test_last_value_mae`), and writes `artifacts/forecasts.png`.
+`test_smape`, `test_nd` (unscaled, through gluonts), and the same MSE / MAE of two
+model-free forecasts on the same windows (tasks.tsf.baselines): persistence
+(`test_last_value_mse`, `test_last_value_mae`) and the least-squares linear map fitted on
+the training windows (`test_linear_mse`, `test_linear_mae`); and writes
+`artifacts/forecasts.png` with all three forecasts against the truth.
 
-Test metrics are accumulated in this process: with several devices each computes them
-on its share of the windows, so run the test on one device.
+The scaled MSE / MAE are torchmetrics metrics, summed over the processes' windows; the
+gluonts figures are accumulated in each process alone, so run the test on one device
+for those.
 """
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection
 from matplotlib.dates import ConciseDateFormatter
 from matplotlib.figure import Figure  # not pyplot: no global backend state is touched
 from omegaconf import DictConfig
@@ -20,16 +25,18 @@ from omegaconf import DictConfig
 from ...config import site_attention
 from ...module import TaskModule
 from ...plots import attention_label, format_metrics, save_figure
-from .metrics import GluonTSErrors, ScaledErrors
+from .baselines import LinearForecast, last_value_forecast
+from .metrics import GluonTSErrors
 from .model import Forecaster
 
 PLOTTED_WINDOWS = 3
 PLOTTED_CHANNELS = 7  # M mode: the target and up to 6 other channels (ETTh1 has 7 in all)
+FORECASTERS = ("", "last_value_", "linear_")  # the model, then the baselines: test_<prefix>mse / mae
 
 
 class TSFModule(TaskModule):
     # Which test metrics are on the scaled (z-scored) values, which in the file's units.
-    METRIC_VALUES = {**{f"test_{k}": "scaled" for k in ("mse", "mae", "last_value_mse", "last_value_mae")},
+    METRIC_VALUES = {**{f"test_{p}{k}": "scaled" for p in FORECASTERS for k in ("mse", "mae")},
                      **{f"test_{k}": "unscaled" for k in ("mase", "smape", "nd")}}
 
     def __init__(self, cfg: DictConfig, spec: dict):
@@ -40,6 +47,7 @@ class TSFModule(TaskModule):
         self.model = Forecaster(
             n_inputs, self.n_outputs, d_model=m.d_model, n_heads=m.n_heads,
             encoder_layers=m.encoder_layers, decoder_layers=m.decoder_layers, d_ff=m.d_ff, dropout=m.dropout,
+            instance_norm=m.instance_norm,
             encoder_attention=site_attention(cfg, "encoder_attention"),
             decoder_attention=site_attention(cfg, "decoder_attention"),
             cross_attention=site_attention(cfg, "cross_attention"),
@@ -49,6 +57,13 @@ class TSFModule(TaskModule):
         self.mean = np.asarray(spec["mean"][-self.n_outputs:], dtype=np.float64)
         self.std = np.asarray(spec["std"][-self.n_outputs:], dtype=np.float64)
         self.output_names = spec["columns"][-self.n_outputs:]
+        # float64 sums: a test set of ETTh's size at pred_len 720 has ~10^7 elements per channel.
+        self.test_errors = nn.ModuleDict({
+            prefix or "model": MetricCollection({"mse": MeanSquaredError(), "mae": MeanAbsoluteError()}).set_dtype(
+                torch.float64)
+            for prefix in FORECASTERS
+        })
+        self.linear: LinearForecast | None = None
 
     def forecast(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(forecast, truth), both [B, pred_len, n_outputs] scaled."""
@@ -70,8 +85,12 @@ class TSFModule(TaskModule):
         self.log("val_mae", F.l1_loss(prediction, truth), batch_size=len(truth))
 
     def on_test_epoch_start(self) -> None:
-        self.model_errors, self.last_value_errors = ScaledErrors(), ScaledErrors()
+        for errors in self.test_errors.values():
+            errors.reset()
         self.gluonts_errors = GluonTSErrors()
+        # The linear baseline: fitted here on the training rows of the forecast channels.
+        train = self.trainer.datamodule.datasets["train"].values[:, -self.n_outputs:]  # [rows, n_outputs] scaled
+        self.linear = LinearForecast(self.cfg.data.seq_len, self.cfg.data.pred_len).fit(train.double().numpy())
         # A few evenly spaced windows of those the test reads, plotted at its end.
         loader = self.trainer.test_dataloaders
         seen = min(len(loader.dataset), self.trainer.num_test_batches[0] * loader.batch_size)
@@ -80,23 +99,24 @@ class TSFModule(TaskModule):
     def test_step(self, batch: dict, batch_idx: int) -> None:
         prediction, truth = self.forecast(batch)
         prediction = prediction.float()
-        self.model_errors.update(prediction, truth)
-        last_value = batch["x"][:, -1:, -self.n_outputs:].expand_as(truth)  # [B, 1, C] -> [B, pred_len, C]
-        self.last_value_errors.update(last_value, truth)
+        history = batch["x"][:, :, -self.n_outputs:]  # [B, seq_len, n_outputs]
+        forecasts = {"": prediction, "last_value_": last_value_forecast(history, truth.shape[1]),
+                     "linear_": self.linear(history)}
+        for prefix, forecast in forecasts.items():
+            self.test_errors[prefix or "model"].update(forecast.double().contiguous(), truth.double().contiguous())
 
         self.gluonts_errors.update(
             self.unscale(prediction), batch["y_raw"].cpu().numpy(), batch["seasonal_error"].cpu().numpy()
         )
         for row, index in enumerate(batch["index"].tolist()):
-            if index in self.plotted:  # input, truth, forecast in the file's units; the first forecast row
-                self.plotted[index] = [self.unscale(part[row])
-                                       for part in (batch["x"][:, :, -self.n_outputs:], truth, prediction)]
+            if index in self.plotted:  # input, truth, forecasts in the file's units; the first forecast row
+                self.plotted[index] = [self.unscale(part[row]) for part in (history, truth, *forecasts.values())]
                 self.plotted[index].append(int(batch["start"][row]))
 
     def on_test_epoch_end(self) -> None:
-        figures = {f"test_{k}": v for k, v in self.model_errors.compute().items()}
+        figures = {f"test_{prefix}{k}": float(v) for prefix in FORECASTERS
+                   for k, v in self.test_errors[prefix or "model"].compute().items()}
         figures |= {f"test_{k}": v for k, v in self.gluonts_errors.compute().items()}
-        figures |= {f"test_last_value_{k}": v for k, v in self.last_value_errors.compute().items()}
         for name, value in figures.items():
             self.log(name, value)
         self.plot_forecasts(figures)
@@ -108,13 +128,13 @@ class TSFModule(TaskModule):
     def plot_forecasts(self, figures: dict[str, float]) -> None:
         """A few evenly spaced test windows (columns) by forecast channel (rows: the
         target, and in M mode up to PLOTTED_CHANNELS - 1 others, evenly chosen): the
-        encoder's input, the truth and the forecast in the file's units against the rows'
-        dates; the title gives the attention and the test metrics."""
+        encoder's input, the truth, the forecast and both baselines in the file's units
+        against the rows' dates; the title gives the attention and the test metrics."""
         windows = {i: parts for i, parts in self.plotted.items() if parts is not None}
         indices = list(windows)
         # [windows, seq_len | pred_len, n_outputs] each, in the file's units
-        history, truth, prediction = (np.stack([windows[i][k] for i in indices]) for k in range(3))
-        starts = [windows[i][3] for i in indices]
+        history, truth, prediction, last_value, linear = (np.stack([windows[i][k] for i in indices]) for k in range(5))
+        starts = [windows[i][5] for i in indices]
         dates = self.trainer.datamodule.dates  # the rows' dates: only the plot's axis reads them
         seq_len, pred_len = history.shape[1], truth.shape[1]
         # The target (the last output channel) first, then others evenly spread.
@@ -129,6 +149,9 @@ class TSFModule(TaskModule):
                 ax = axes[row, col]
                 ax.plot(past, history[col, :, c], color="0.5", linewidth=1, label="input")
                 ax.plot(future, truth[col, :, c], color="k", linewidth=1, label="truth")
+                ax.plot(future, last_value[col, :, c], color="tab:green", linewidth=1, linestyle=":",
+                        label="last value")
+                ax.plot(future, linear[col, :, c], color="tab:blue", linewidth=1, linestyle="--", label="linear")
                 ax.plot(future, prediction[col, :, c], color="tab:red", linewidth=1, label="forecast")
                 ax.xaxis.set_major_formatter(ConciseDateFormatter(ax.xaxis.get_major_locator()))
                 ax.tick_params(labelsize=7)

@@ -194,6 +194,67 @@ def test_a_short_run_validates_at_its_end(tiny_task, tmp_path, capsys):
     assert evaluate.main([f"run.dir={run_dir}", "ckpt=best"]) == 0
 
 
+# --- model selection: the test scores best.ckpt; early stopping
+
+
+class ScriptedValidation(TinyModule):
+    """val_loss at step s is VAL_LOSS[s] (the real loss is ignored); the buffer `steps`
+    counts the training steps the weights have seen, and the test logs it, so the test
+    metrics tell which checkpoint's weights were scored."""
+
+    VAL_LOSS = {3: 0.9, 6: 0.4, 9: 0.7, 12: 0.8, 15: 0.3, 18: 0.5}
+
+    def __init__(self, cfg, spec):
+        super().__init__(cfg, spec)
+        self.register_buffer("steps", torch.zeros(()))
+
+    def training_step(self, batch, batch_idx):
+        self.steps += 1
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", torch.tensor(self.VAL_LOSS.get(self.global_step, 1.0)))  # 1.0: the sanity check
+
+    def test_step(self, batch, batch_idx):
+        super().test_step(batch, batch_idx)
+        self.log("test_weights_step", self.steps)
+
+
+@pytest.fixture
+def scripted_task(tiny_task, register_task):
+    register_task(dataclasses.replace(lavo_tasks.tasks.load_task("tiny"), Module=ScriptedValidation), TINY_YAML)
+
+
+def test_the_test_scores_the_best_validation_checkpoint(scripted_task, tmp_path):
+    run_dir = tmp_path / "run"
+    metrics = train.run(["task=tiny", f"run.dir={run_dir}", "trainer.max_steps=12"])
+    assert [line["step"] for line in read_jsonl(run_dir / "metrics.jsonl")] == [3, 6, 9, 12]
+    assert last_step(run_dir) == 12
+    assert metrics["test_weights_step"] == 6  # val_loss 0.4 at step 6, the lowest
+    meta = json.loads((run_dir / "metrics.meta.json").read_text())
+    assert meta["checkpoint"] == {"name": "best", "path": str(run_dir / "checkpoints" / "best.ckpt"), "step": 6}
+
+
+def test_early_stopping_after_patience_validations_without_improvement(scripted_task, tmp_path):
+    run_dir = tmp_path / "run"
+    metrics = train.run(["task=tiny", f"run.dir={run_dir}", "trainer.max_steps=18",
+                         "trainer.early_stopping_patience=2"])
+    # best at 6; 9 and 12 are no better, so training stops at 12 (15 would have been better).
+    assert [line["step"] for line in read_jsonl(run_dir / "metrics.jsonl")] == [3, 6, 9, 12]
+    assert last_step(run_dir) == 12 and metrics["test_weights_step"] == 6
+    # Off (0), the same run goes on to its best point at 15.
+    metrics = train.run(["task=tiny", f"run.dir={tmp_path / 'full'}", "trainer.max_steps=18"])
+    assert metrics["test_weights_step"] == 15
+
+
+@pytest.mark.parametrize("value", ["-1", "1.5", "true"])
+def test_early_stopping_patience_must_be_a_count(tiny_task, tmp_path, capsys, value):
+    assert train.main(["task=tiny", f"run.dir={tmp_path / 'run'}", f"trainer.early_stopping_patience={value}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: trainer.early_stopping_patience=") and value in err[0].lower()
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 # --- provenance
 
 
@@ -209,7 +270,7 @@ def test_metrics_meta_records_checkpoint_attention_and_code(tiny_task, tmp_path,
     assert json.loads((run_dir / "metrics.json").read_text()) == metrics  # still flat {name: number}
     meta = json.loads((run_dir / "metrics.meta.json").read_text())
     assert meta["command"] == "train" and meta["task"] == "tiny" and meta["run_dir"] == str(run_dir)
-    assert meta["checkpoint"] == {"name": "last", "path": str(run_dir / "checkpoints" / "last.ckpt"), "step": 4}
+    assert meta["checkpoint"] == {"name": "best", "path": str(run_dir / "checkpoints" / "best.ckpt"), "step": 4}
     lavo = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "attention" / "lavo.yaml").attention)
     assert meta["attention"] == {"attention": {**lavo, "window": 6, "rank": 4}}
     assert meta["values"] == {"test_loss": "scaled", "test_acc": "unscaled"}

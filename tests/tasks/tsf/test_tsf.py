@@ -19,7 +19,7 @@ import lavo_tasks.runner
 from lavo_tasks import evaluate, train
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.tsf.data import TSFDataModule
-from lavo_tasks.tasks.tsf.metrics import GluonTSErrors, ScaledErrors, seasonal_errors
+from lavo_tasks.tasks.tsf.metrics import GluonTSErrors, seasonal_errors
 from lavo_tasks.tasks.tsf.module import TSFModule
 
 with warnings.catch_warnings():  # gluonts suggests faster json packages on import
@@ -38,16 +38,6 @@ ATTENTION_ARGS = {
 
 
 # --- metrics by hand
-
-
-def test_scaled_errors_average_every_element():
-    # Informer's protocol: the mean over windows, horizon and channels, whatever the batches.
-    errors = ScaledErrors()
-    errors.update(torch.tensor([[[1.0], [2.0]], [[0.0], [0.0]]]), torch.zeros(2, 2, 1))  # errors 1, 2, 0, 0
-    errors.update(torch.tensor([[[-6.0], [1.0]]]), torch.zeros(1, 2, 1))  # a smaller batch: errors -6, 1
-    figures = errors.compute()
-    assert figures["mse"] == pytest.approx((1 + 4 + 0 + 0 + 36 + 1) / 6)  # not the mean of batch means (1.25, 18.5)
-    assert figures["mae"] == pytest.approx((1 + 2 + 0 + 0 + 6 + 1) / 6)
 
 
 def test_gluonts_errors_by_hand():
@@ -138,6 +128,8 @@ def test_module_test_figures(tmp_path):
     h = np.arange(1, pred_len + 1)
     assert figures["test_last_value_mse"] == pytest.approx(np.mean(h**2) / std**2, rel=1e-5)
     assert figures["test_last_value_mae"] == pytest.approx(np.mean(h) / std, rel=1e-5)
+    # The linear baseline is exact on a line (its map is fitted on the training rows only).
+    assert figures["test_linear_mse"] < 1e-12 and figures["test_linear_mae"] < 1e-6
     assert (tmp_path / "run" / "artifacts" / "forecasts.png").stat().st_size > 10_000
 
 
@@ -166,7 +158,8 @@ def test_forecast_uses_only_known_steps(tmp_path, mode, n_outputs):
 
 
 def check_run(run_dir: Path, metrics: dict) -> None:
-    expected = {"test_mse", "test_mae", "test_mase", "test_smape", "test_nd", "test_last_value_mse", "test_last_value_mae"}
+    expected = {"test_mse", "test_mae", "test_mase", "test_smape", "test_nd", "test_last_value_mse", "test_last_value_mae",
+                "test_linear_mse", "test_linear_mae"}
     assert expected <= set(metrics) and all(np.isfinite(v) for v in metrics.values())
     assert json.loads((run_dir / "metrics.json").read_text()) == pytest.approx(metrics)
     assert (run_dir / "artifacts" / "forecasts.png").is_file()
