@@ -130,3 +130,26 @@ def test_the_output_head_is_the_input_embedding():
     h = torch.randn(2, 3, 16)
     torch.testing.assert_close(model.head(h), h @ model.embed.weight.T)
     assert sum(p.numel() for p in model.parameters() if p.shape == (VOCAB, 16)) == VOCAB * 16  # one table
+
+
+@pytest.mark.parametrize("cross_causal", [True, False], ids=["CC", "NC"])
+@pytest.mark.parametrize("attention", list(ATTENTIONS))
+def test_which_memory_positions_a_summary_position_reads(attention, cross_causal):
+    """CC (design ATTENTION.md): summary position t reads memory positions j <= t only, so a
+    summary token that copies from later in the source cannot see what it copies; NC reads
+    the whole memory. Perturbing memory position 6 must leave positions 0-5 unchanged under
+    CC and change them under NC; position 6 and later change under both."""
+    model = tiny_model(attention, cross_causal)
+    source, _ = source_batch()
+    decoder_input = torch.randint(0, VOCAB, (3, 9))
+    with torch.no_grad():
+        memory = model.encode(source)  # [3, 11, 16]
+        changed = memory.clone()
+        changed[:, 6] += torch.randn(3, 16)
+        before, after = (model.head(model.decoder(model.embed(decoder_input), m, None, None)) for m in (memory, changed))
+    moved = (after - before).abs().amax(dim=(0, 2))  # [9]: the largest change at each summary position
+    assert (moved[6:] > 1e-3).all()
+    if cross_causal:
+        assert (moved[:6] == 0).all()
+    else:
+        assert (moved[:6] > 1e-3).all()
