@@ -260,7 +260,7 @@ def csv_text(tables: list[Table]) -> str:
                 if not values:
                     return ["", ""]
                 mean, std = mean_std(values)
-                return [f"{mean:.6g}", "" if std is None else f"{std:.6g}"]
+                return [f"{mean:.10g}", "" if std is None else f"{std:.10g}"]
 
             ok = [run for run in runs if run.metrics]
             kinds = sorted({r.resources.get("memory", "") for r in ok} - {""})
@@ -315,7 +315,7 @@ def index_markdown(groups: list[Group]) -> tuple[str, str]:
         cells = [f"{index[p][attention][0]:+.3f} ({index[p][attention][1]})" if attention in index[p] else "—"
                  for p in patterns]
         lines.append(f"| {attention} | " + " | ".join(cells) + " |")
-        rows += [[p, attention, f"{index[p][attention][0]:.6g}", index[p][attention][1], source[p]]
+        rows += [[p, attention, f"{index[p][attention][0]:.10g}", index[p][attention][1], source[p]]
                  for p in patterns if attention in index[p]]
     lines.append("")
     for p in patterns:

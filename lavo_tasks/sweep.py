@@ -203,14 +203,14 @@ class PointRunner:
             return code, log.read().decode("utf-8", errors="replace")
 
 
-def run_point(point: Point, sweep_dir: Path, runner: PointRunner) -> str:
-    """Run (or skip, or resume) one point; returns a one-line outcome. Raises
+def run_point(point: Point, sweep_dir: Path, runner: PointRunner) -> tuple[bool, str]:
+    """Run (or skip, or resume) one point; returns (finished, a one-line outcome). Raises
     SweepInterrupted when the sweep got a signal."""
     from .report import read_metrics  # the report's test of a finished run
 
     point_dir = sweep_dir / point.name
     if read_metrics(point_dir)[0] is not None:
-        return "finished before: skipped"
+        return True, "finished before: skipped"
     command = point_command(point, point_dir)
     resumed = "run.resume=last" in command
     started = time.perf_counter()
@@ -221,11 +221,11 @@ def run_point(point: Point, sweep_dir: Path, runner: PointRunner) -> str:
     metrics, reason = read_metrics(point_dir)
     if code == 0 and metrics is not None:
         error_path.unlink(missing_ok=True)
-        return f"{'resumed, ' if resumed else ''}done in {time.perf_counter() - started:.1f} s"
+        return True, f"{'resumed, ' if resumed else ''}done in {time.perf_counter() - started:.1f} s"
     error = last_error(output) if code != 0 else f"exit code 0 but {reason}"
     text = f"exit code {code}: {error}\n"
     write_atomically(error_path, lambda f: f.write(text.encode()))
-    return f"FAILED ({text.strip()}); its output: {point_dir / LOG_FILE}"
+    return False, f"FAILED ({text.strip()}); its output: {point_dir / LOG_FILE}"
 
 
 def sbatch_script(argv: list[str], sweep_dir: Path, n_points: int) -> str:
@@ -247,8 +247,9 @@ def sbatch_script(argv: list[str], sweep_dir: Path, n_points: int) -> str:
     ])
 
 
-def run(argv: list[str]) -> None:
-    """The sweep command: `argv` without --multirun, with optional --sbatch / --point=N."""
+def run(argv: list[str]) -> int:
+    """The sweep command: `argv` without --multirun, with optional --sbatch / --point=N;
+    returns the number of points that failed."""
     sbatch = "--sbatch" in argv
     only = [a for a in argv if a.startswith("--point=")]
     args = [a for a in argv if a != "--sbatch" and not a.startswith("--point=")]
@@ -265,23 +266,29 @@ def run(argv: list[str]) -> None:
         text = sbatch_script(args, sweep_dir, len(points))
         write_atomically(path, lambda f: f.write(text.encode()))
         print(f"{len(points)} points -> {path}; submit it with: sbatch {path}")
-        return
+        return 0
     if only:
         index = only[-1].removeprefix("--point=")
         if not index.isdigit() or int(index) >= len(points):
             raise ConfigError(f"{only[-1]}: expected a point index in 0..{len(points) - 1}")
         points = [points[int(index)]]
     runner = PointRunner()
+    failed = 0
     with tqdm(points, desc=f"sweep {sweep_dir}", unit="run") as bar:
         for point in bar:
             bar.set_postfix_str(point.name)
             try:
-                outcome = run_point(point, sweep_dir, runner)
+                finished, outcome = run_point(point, sweep_dir, runner)
             except SweepInterrupted as err:
                 command = shlex.join(["python", "-m", "lavo_tasks.train", "--multirun", *argv])
                 raise SweepInterrupted(err.signum, err.run_dir, command) from None
+            failed += not finished
             tqdm.write(f"[{point.index + 1}/{total}] {point.name}: {outcome}")
     if not only:
         from .report import write_report
 
         write_report([sweep_dir], sweep_dir)
+    if failed:
+        print(f"{failed} of {len(points)} point(s) failed (error.txt in their folders); run the same command "
+              "again to retry them", file=sys.stderr)
+    return failed

@@ -111,7 +111,9 @@ def usage(argv: list[str] | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(flag in argv for flag in MULTIRUN_FLAGS):
-        return run_cli(run_sweep, [arg for arg in argv if arg not in MULTIRUN_FLAGS], usage)
+        failed = []
+        code = run_cli(lambda args: failed.append(run_sweep(args)), [a for a in argv if a not in MULTIRUN_FLAGS], usage)
+        return 1 if code == 0 and failed and failed[0] else code  # 1: some points failed
     return run_cli(run, argv, usage)
 
 
