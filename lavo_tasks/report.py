@@ -360,7 +360,7 @@ def write_report(dirs: Sequence, out: Path) -> str:
 
 
 def usage(argv=None) -> str:
-    return __doc__.split("\n\n", 1)[1].join(["usage: python -m lavo_tasks.report DIR... [--out DIR]\n\n", ""])
+    return "usage: python -m lavo_tasks.report DIR... [--out DIR]\n\n" + __doc__.split("\n\n", 1)[1]
 
 
 def run(argv: list[str]) -> None:

@@ -5,7 +5,7 @@ lavo seed=0,1`: four points, in argument order, the last one varying fastest); c
 brackets or quotes do not split (`data.sizes=[1,2]` is one value, `'a,b'` too). Each point is
 an ordinary run in its own folder under the sweep folder (run.dir; default
 runs/<task>/sweep-<YYYYmmdd-HHMMSS>), named after its index and the values that vary
-(`1-attention=lavo_seed=0`). Every point's configuration is composed and checked before the
+(`1-attention=lavo_seed=0`; a path by its file name). Every point's configuration is composed and checked before the
 first one starts, so a value that does not parse fails at once, as one line naming the key.
 
 The sweep folder holds `sweep.json` (the arguments and the points) and, at the end, the
@@ -94,7 +94,12 @@ def split_values(arg: str) -> list[str]:
 
 
 def _folder_name(index: int, width: int, varying: list[str]) -> str:
-    text = "_".join(varying) or "run"
+    """`<index>-key=value_key=value`; a path value by its last part (the index keeps names unique)."""
+    parts = []
+    for arg in varying:
+        key, _, value = arg.partition("=")
+        parts.append(f"{key}={Path(value).name if '/' in value else value}")
+    text = "_".join(parts) or "run"
     safe = "".join(c if c.isalnum() or c in "._=+-" else "-" for c in text)
     return f"{index:0{width}d}-{safe}"
 

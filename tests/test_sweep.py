@@ -1,6 +1,7 @@
 """Sweeps: the grid from comma lists, bad values before any work, the SLURM job array and
 the multi-node trainer config, and (slow) a real sweep killed halfway and started again."""
 
+import json
 import os
 import signal
 import subprocess
@@ -118,7 +119,8 @@ def test_a_sweep_killed_halfway_finishes_only_the_rest(tmp_path):
     out, err = first.communicate(timeout=120)
     assert first.returncode == 128 + signal.SIGTERM, err
     done, failed, stopped = (sweep / name for name in names)
-    assert "stopped: SIGTERM during" in err and "run the same command again" in err
+    assert "stopped: SIGTERM during" in err and "again to skip the finished points and resume the rest" in err
+    assert names[1] == "1-data.path=bad.csv"
     assert (done / "metrics.json").is_file() and (failed / "error.txt").is_file()
     assert "header" in (failed / "error.txt").read_text() or "row" in (failed / "error.txt").read_text()
     assert (stopped / "checkpoints" / "last.ckpt").is_file() and not (stopped / "metrics.json").exists()
@@ -126,8 +128,10 @@ def test_a_sweep_killed_halfway_finishes_only_the_rest(tmp_path):
 
     second = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     assert second.returncode == 1, second.stderr  # the bad point fails again
-    assert f"{done.name}: finished before: skipped" in second.stderr
-    assert f"{stopped.name}: resumed, done" in second.stderr
+    assert f"{done.name}: finished before: skipped" in second.stdout
+    assert f"{stopped.name}: resumed, done" in second.stdout
+    # good2.csv is good.csv: the interrupted and resumed point tests exactly as the straight one.
+    assert json.loads((stopped / "metrics.json").read_text()) == json.loads((done / "metrics.json").read_text())
     assert (done / "metrics.json").stat().st_mtime_ns == finished_at
     assert "run.resume=last" in (stopped / "sweep.log").read_text()
     steps = pd.read_csv(stopped / "logs" / "metrics.csv")["step"].dropna()
