@@ -5,7 +5,8 @@ A run folder (`run.dir`) holds `config.yaml` (the resolved configuration) and
 `checkpoints/` (`last.ckpt`, `best.ckpt` by `val_loss`), `metrics.jsonl` (one line per validation), `metrics.json` (the final test metrics, flat
 `{name: number}`, of best.ckpt: the weights of the best validation, so a longer run cannot
 test worse than its best point) with `metrics.meta.json` (which checkpoint and step, the
-attention of each site, the code version), `logs/metrics.csv` (the training log, one file across
+attention of each site, the code version; for `train` also `resources`: wall time, peak
+memory and parameter count, see `resources`), `logs/metrics.csv` (the training log, one file across
 resumes), `artifacts/` (the loss curve, and what the task module's test hooks write) and
 `eval/<ckpt>-<time>/` (each `evaluate`: its own metrics and artifacts).
 
@@ -20,6 +21,7 @@ import io
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
@@ -506,8 +508,23 @@ def metric_values(module) -> dict[str, str]:
     return dict(getattr(module, "METRIC_VALUES", {}))
 
 
+def resources(module, started: float, resumed: bool, on_gpu: bool) -> dict:
+    """`resources` of metrics.meta.json: `wall_s` from the start of `train` to the end of
+    its test, in this process only (a resumed run's earlier sessions are not counted:
+    `resumed` says so), `peak_memory_bytes` (CUDA's peak allocation on a GPU, else this
+    process's peak RSS, which includes Python and torch themselves: `memory` says which),
+    and `parameters`, the module's parameter count. Rank 0's figures only."""
+    if on_gpu:
+        peak, kind = torch.cuda.max_memory_allocated(), "cuda_peak_allocated"
+    else:
+        peak, kind = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_peak_rss"  # Linux: KiB
+    return {"wall_s": time.perf_counter() - started, "resumed": resumed, "peak_memory_bytes": int(peak),
+            "memory": kind, "parameters": sum(p.numel() for p in module.parameters())}
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit (or continue, with run.resume) and test; returns the test metrics."""
+    started = time.perf_counter()
     run_dir = resolve_run_dir(cfg)
     check_fresh(cfg, run_dir)
     ckpt_path = resume_checkpoint(cfg, run_dir)
@@ -537,6 +554,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks")
         results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint["path"], verbose=False)
     meta = result_meta(cfg, command="train", checkpoint=checkpoint, metric_values=metric_values(module))
+    meta["resources"] = resources(module, started, bool(ckpt_path), trainer.strategy.root_device.type == "cuda")
     return write_results(run_dir, results, meta)
 
 

@@ -1,4 +1,5 @@
 """`python -m lavo_tasks.train [task=NAME] [attention=NAME] [key=value ...]`: train, then test.
+With `--multirun` (or `-m`), comma lists of values make a grid of runs (lavo_tasks.sweep).
 
 In Python: `lavo_tasks.train.run(["task=lm", "trainer.max_steps=50"])` returns the test
 metrics (and raises ConfigError for bad arguments); `main(argv)` is the command itself.
@@ -14,6 +15,8 @@ from .attention.base import PATTERN_NAMES
 from .config import DEFAULT_ATTENTION, attention_defaults, compose, read_yaml, split_args, validate
 from .keydoc import key_comments
 from .runner import run_cli, train
+from .sweep import MULTIRUN_FLAGS
+from .sweep import run as run_sweep
 
 
 def run(args: list[str]) -> dict[str, float]:
@@ -92,6 +95,12 @@ def usage(argv: list[str] | None = None) -> str:
         "  python -m lavo_tasks.train task=lm attention=gsa attention.slots=32 trainer.max_steps=100",
         "  python -m lavo_tasks.train task=tsf model.cross_attention=lavo model.cross_attention.window=64",
         "  python -m lavo_tasks.train run.dir=runs/lm/my-run run.resume=last",
+        "  python -m lavo_tasks.train --multirun task=tsf attention=softmax,lavo,gsa seed=0,1",
+        "",
+        "--multirun (-m): every comma list of values (outside brackets and quotes) is an axis of a",
+        "grid; one run per point under the sweep folder run.dir (default runs/<task>/sweep-<time>),",
+        "then the comparison table (python -m lavo_tasks.report). Started again, it skips the",
+        "finished points and resumes the rest. --sbatch writes a SLURM job array instead.",
         "",
         "run.resume=last continues a stopped run from checkpoints/last.ckpt exactly as if it had",
         "not stopped; with a larger trainer.max_steps it extends a run (the learning-rate",
@@ -100,7 +109,12 @@ def usage(argv: list[str] | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(run, sys.argv[1:] if argv is None else argv, usage)
+    argv = sys.argv[1:] if argv is None else argv
+    if any(flag in argv for flag in MULTIRUN_FLAGS):
+        failed = []
+        code = run_cli(lambda args: failed.append(run_sweep(args)), [a for a in argv if a not in MULTIRUN_FLAGS], usage)
+        return 1 if code == 0 and failed and failed[0] else code  # 1: some points failed
+    return run_cli(run, argv, usage)
 
 
 if __name__ == "__main__":

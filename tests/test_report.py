@@ -1,0 +1,131 @@
+"""The comparison report on made-up run folders: grouping by configuration, mean ± std,
+failed and damaged runs listed, CAB's compositional index against hand-computed values."""
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from lavo_tasks import report
+from lavo_tasks.compositional_index import cab_dataset, compositional_index
+from lavo_tasks.config import compose
+
+
+def make_run(root: Path, name: str, args: list[str], metrics: dict | None, resources: dict | None = None) -> Path:
+    """A run folder as the runner leaves it: config.yaml, metrics.json, metrics.meta.json."""
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    OmegaConf.save(compose([*args, f"run.dir={run_dir}"]), run_dir / "config.yaml")
+    if metrics is not None:
+        (run_dir / "metrics.json").write_text(json.dumps(metrics))
+        meta = {"command": "train"} | ({"resources": resources} if resources else {})
+        (run_dir / "metrics.meta.json").write_text(json.dumps(meta))
+    return run_dir
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_table_groups_by_config_and_averages_seeds(tmp_path, capsys):
+    res = {"wall_s": 10.0, "peak_memory_bytes": 2**20 * 100, "memory": "cpu_peak_rss", "parameters": 1234}
+    for seed, mse in ((0, 1.0), (1, 3.0)):
+        make_run(tmp_path, f"soft{seed}", ["task=tsf", "attention=softmax", f"seed={seed}"],
+                 {"test_mse": mse, "test_last_value_mse": 0.5}, res | {"wall_s": 10.0 + 2 * seed})
+    make_run(tmp_path, "lavo0", ["task=tsf", "attention=lavo"], {"test_mse": 2.0, "test_last_value_mse": 0.5}, res)
+    # Another width: its own group, never averaged with the others.
+    make_run(tmp_path, "wide", ["task=tsf", "attention=softmax", "model.d_model=128"], {"test_mse": 100.0}, res)
+    # Sites that differ: one row naming each site.
+    make_run(tmp_path, "mixed", ["task=tsf", "model.cross_attention=gsa"], {"test_mse": 7.0}, res)
+    text = report.write_report([tmp_path], tmp_path / "out")
+    rows = read_csv(tmp_path / "out" / "report.csv")
+    soft = [r for r in rows if r["attention"] == "softmax" and "model.d_model=64" in r["group"]]
+    assert len(soft) == 1 and soft[0]["n_seeds"] == "2"
+    assert float(soft[0]["test_mse_mean"]) == pytest.approx(2.0)
+    assert float(soft[0]["test_mse_std"]) == pytest.approx(math.sqrt(2.0))  # sample std of 1 and 3
+    assert float(soft[0]["wall_s_mean"]) == pytest.approx(11.0)
+    assert soft[0]["parameters"] == "1234" and float(soft[0]["peak_memory_mib_mean"]) == pytest.approx(100)
+    wide = [r for r in rows if "model.d_model=128" in r["group"]]
+    assert len(wide) == 1 and float(wide[0]["test_mse_mean"]) == 100.0 and wide[0]["n_seeds"] == "1"
+    assert "model.d_model=64" in soft[0]["group"]  # the key that sets the groups apart is named
+    mixed = [r for r in rows if "cross gsa" in r["attention"]]
+    assert len(mixed) == 1 and "encoder softmax" in mixed[0]["attention"]
+    assert "2 configuration group(s)" in text
+    assert "| softmax | 2 ± 1.4 |" in text
+    assert "test_last_value_mse 0.5" in text  # baselines under the table, not a column
+    assert (tmp_path / "out" / "report-1.png").stat().st_size > 0 and (tmp_path / "out" / "report-2.png").is_file()
+
+
+def test_failed_and_damaged_runs_are_listed(tmp_path):
+    make_run(tmp_path, "ok", ["task=tsf", "attention=gsa"], {"test_mse": 1.0})
+    make_run(tmp_path, "missing", ["task=tsf", "attention=gsa", "seed=1"], None)
+    damaged = make_run(tmp_path, "damaged", ["task=tsf", "attention=gsa", "seed=2"], None)
+    (damaged / "metrics.json").write_text("{\"test_mse\": 1.")
+    (damaged / "metrics.meta.json").write_text("{}")
+    (tmp_path / "missing" / "error.txt").write_text("exit code 1: CUDA out of memory\n")
+    text = report.write_report([tmp_path], tmp_path / "out")
+    row = read_csv(tmp_path / "out" / "report.csv")[0]
+    assert (row["n_seeds"], row["failed"]) == ("1", "2")
+    assert f"- {tmp_path / 'missing'}: metrics.json missing; exit code 1: CUDA out of memory" in text
+    assert f"- {tmp_path / 'damaged'}: metrics.json damaged (JSONDecodeError)" in text
+
+
+def test_folders_without_runs_fail_as_one_line(tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert report.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: no run (a folder with config.yaml) in: {tmp_path / 'a'}, {tmp_path / 'b'}\n"
+
+
+def test_compositional_index_by_hand(tmp_path):
+    # tsf (sites NS, CS, NC) and lm (CS); report mu/sigma (not CAB's configuration).
+    tsf = {"softmax": [(0.9, 0.3), (1.1, 0.3)], "lavo": [(2.0, 0.1)], "gsa": [(3.0, 0.2)]}  # (mse, mae) per seed
+    for attention, seeds in tsf.items():
+        for seed, (mse, mae) in enumerate(seeds):
+            make_run(tmp_path, f"tsf-{attention}-{seed}", ["task=tsf", f"attention={attention}", f"seed={seed}"],
+                     {"test_mse": mse, "test_mae": mae, "test_mase": 9.0})
+    for attention, ppl in (("softmax", 10.0), ("lavo", 12.0), ("gsa", 14.0)):
+        make_run(tmp_path, f"lm-{attention}", ["task=lm", f"attention={attention}"], {"test_ppl": ppl})
+    text = report.write_report([tmp_path], tmp_path / "out")
+    got = {(r["pattern"], r["attention"]): float(r["index"]) for r in read_csv(tmp_path / "out" / "compositional_index.csv")}
+    # tsf means: mse 1, 2, 3 (mu 2, population sigma sqrt(2/3)); mae .3, .1, .2 (mu .2, sigma sqrt(.02/3)).
+    # z (lower is better, sign -1): softmax mse +1.2247, mae -1.2247 -> 0; lavo 0, +1.2247 -> .61237;
+    # gsa -1.2247, 0 -> -.61237. lm ppl 10, 12, 14 (mu 12, sigma sqrt(8/3)): +1.2247, 0, -1.2247.
+    r = math.sqrt(1.5)  # 1.2247: one sigma over sqrt(2/3)
+    expected_tsf = {"softmax": 0.0, "lavo": r / 2, "gsa": -r / 2}
+    expected_lm = {"softmax": r, "lavo": 0.0, "gsa": -r}
+    for attention in ("softmax", "lavo", "gsa"):
+        for pattern in ("NS", "NC"):  # tsf alone
+            assert got[(pattern, attention)] == pytest.approx(expected_tsf[attention], abs=1e-5)
+        assert got[("CS", attention)] == pytest.approx((expected_tsf[attention] + expected_lm[attention]) / 2, abs=1e-5)
+    assert "mu/sigma over the attentions in this report" in text
+    assert "CC" not in got  # neither task has causal cross-attention
+
+
+def test_cab_mu_sigma_on_cabs_configuration():
+    # lm at CAB's preset on real data: CAB's CS numbers for LM PPL, mu 22.26 and sigma 8.29944.
+    index, source, _ = compositional_index({"CS": {"lm": {"lavo": {"test_ppl": 30.56}}}}, {"lm": "lm"})
+    assert source["CS"] == "CAB"
+    assert index["CS"]["lavo"] == (pytest.approx(-(30.56 - 22.26) / 8.29944), 1)
+    # One task off CAB's configuration: the whole pattern falls back to the report's own figures.
+    results = {"CS": {"lm": {"a": {"test_ppl": 10.0}, "b": {"test_ppl": 20.0}},
+                      "tsf": {"a": {"test_mse": 1.0, "test_mae": 1.0}, "b": {"test_mse": 1.0, "test_mae": 2.0}}}}
+    index, source, notes = compositional_index(results, {"lm": "lm", "tsf": None})
+    assert source["CS"] == "report"
+    # lm: z(a) = +1, z(b) = -1; tsf: mse has no spread (left out), mae z(a) = +1, z(b) = -1.
+    assert index["CS"]["a"] == (pytest.approx(1.0), 2) and index["CS"]["b"] == (pytest.approx(-1.0), 2)
+    assert any("test_mse left out" in note for note in notes)
+
+
+def test_cab_dataset_from_preset_and_path():
+    assert cab_dataset("tsf", "cab", "/data/ETTh1.csv") == "tsf:ETT"
+    assert cab_dataset("tsf", "cab", "/data/weather.csv") == "tsf:Weather"
+    assert cab_dataset("tsf", "cab", "/data/my_sales.csv") is None
+    assert cab_dataset("tsf", "default", "/data/ETTh1.csv") is None
+    assert cab_dataset("lm", "cab", "") is None  # the embedded default data is not CAB's
+    assert cab_dataset("lm", "cab", "/data/pg19") == "lm"
