@@ -163,3 +163,15 @@ def test_scores_on_two_processes_equal_one_process():
     mp.spawn(_score_share, args=(2, port, results), nprocs=2, join=True)
     for rank in range(2):
         assert results[rank] == pytest.approx(expected, rel=1e-12)
+
+
+def test_nearest_neighbours_ignore_autocast():
+    """Under bf16 autocast the neighbours are those of fp32: points 1e-3 apart near 0.5
+    are distinct in fp32 but one bf16 value."""
+    truth = torch.tensor([[[0.5, 0.0, 0.0], [0.501, 0.0, 0.0], [0.502, 0.0, 0.0]]])
+    prediction = torch.tensor([[[0.5012, 0.0, 0.0]]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        d1, _ = chamfer_squared(prediction, truth)
+        index = knn(prediction, truth, 1)
+    assert index.item() == 1
+    assert d1.item() == pytest.approx(0.0002 ** 2, rel=1e-3)
