@@ -14,9 +14,8 @@ The threshold is absolute: 1% of the PCN objects' unit scale. The figures are me
 samples (every test model once), overall and per category.
 """
 
-from collections import defaultdict
-
 import torch
+from torchmetrics import Metric
 
 from .geometry import chamfer_squared
 
@@ -40,28 +39,41 @@ def completion_metrics(prediction: torch.Tensor, truth: torch.Tensor,
     }
 
 
-class CompletionScores:
-    """Per-sample metrics accumulated over batches; `compute` gives the means over all
-    samples (`cd_l1`, ...) and per category (`cd_l1_<category>`, ...)."""
+class CompletionScores(Metric):
+    """Per-sample metrics summed per category over every update on every process:
+    `compute` gives the means over all samples (`cd_l1`, ...) and per category
+    (`cd_l1_<category>`, ...; only categories with samples), as float64 scalars.
+
+    The states are float64 sums and counts per category, which torchmetrics adds up over
+    the processes in `compute`, so each process may score its own share of the test set
+    and every process gets the figures of the whole (the sum is a collective call: every
+    process must call `compute`)."""
+
+    full_state_update = False  # update() only adds to the states
 
     def __init__(self, category_names: list[str]):
-        self.category_names = category_names
-        self.values: dict[str, list[float]] = defaultdict(list)
-        self.categories: list[int] = []
+        super().__init__()
+        self.category_names = list(category_names)
+        n = len(self.category_names)
+        self.add_state("sums", torch.zeros(n, len(METRICS), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("counts", torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, prediction: torch.Tensor, truth: torch.Tensor, category: torch.Tensor) -> None:
-        for name, values in completion_metrics(prediction, truth).items():
-            self.values[name].extend(values.tolist())
-        self.categories.extend(category.tolist())
+        """prediction [B, N, 3], truth [B, M, 3], category [B] (indices into the names)."""
+        values = completion_metrics(prediction, truth)
+        per_sample = torch.stack([values[name] for name in METRICS], dim=1).to(self.sums)  # [B, len(METRICS)]
+        category = category.to(self.sums.device).long()
+        self.sums.index_add_(0, category, per_sample)
+        self.counts.index_add_(0, category, torch.ones_like(category, dtype=self.counts.dtype))
 
-    def compute(self) -> dict[str, float]:
-        if not self.categories:
-            raise ValueError("CompletionScores: no samples")
-        category = torch.tensor(self.categories)
+    def compute(self) -> dict[str, torch.Tensor]:
+        if self.counts.sum() == 0:
+            raise ValueError("CompletionScores: no samples on any process")
         figures = {}
-        for name in METRICS:
-            values = torch.tensor(self.values[name], dtype=torch.float64)
-            figures[name] = float(values.mean())
-            for c in category.unique().tolist():
-                figures[f"{name}_{self.category_names[c]}"] = float(values[category == c].mean())
+        overall = self.sums.sum(0) / self.counts.sum()  # [len(METRICS)]
+        scored = (self.counts > 0).nonzero().flatten().tolist()
+        for m, name in enumerate(METRICS):
+            figures[name] = overall[m]
+            for c in scored:
+                figures[f"{name}_{self.category_names[c]}"] = self.sums[c, m] / self.counts[c]
         return figures

@@ -9,8 +9,9 @@ test clouds. Artifacts: `completions.png` (partial / predicted / true clouds of 
 PICTURED test models, matplotlib 3-D scatter: open3d's offscreen renderer needs an EGL or
 X display, which a bare machine lacks) and those predictions as `predictions/*.pcd`.
 
-Test metrics are accumulated in this process: with several devices each computes them
-on its share of the test set, so run the test on one device.
+Test metrics are torchmetrics Metrics (metrics.CompletionScores): with several devices
+each process scores its share of the test set and the figures are those of the whole.
+The pictures are of the first test models that process 0 sees.
 """
 
 import re
@@ -45,6 +46,8 @@ class CompletionModule(TaskModule):
             query_attention=site_attention(cfg, "query_attention"),
             cross_attention=site_attention(cfg, "cross_attention"),
         )
+        self.model_scores = CompletionScores(self.category_names)
+        self.partial_scores = CompletionScores(self.category_names)
 
     def loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(PoinTr's loss, the dense output [B, n_queries x fold_points + n_input, 3])."""
@@ -64,8 +67,8 @@ class CompletionModule(TaskModule):
         self.log("val_cd_l1", completion_metrics(dense, batch["complete"])["cd_l1"].mean(), batch_size=size)
 
     def on_test_epoch_start(self) -> None:
-        self.model_scores = CompletionScores(self.category_names)
-        self.partial_scores = CompletionScores(self.category_names)
+        self.model_scores.reset()
+        self.partial_scores.reset()
         self.pictured: list[dict] = []
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
@@ -82,7 +85,9 @@ class CompletionModule(TaskModule):
         figures = {f"test_{k}": v for k, v in self.model_scores.compute().items()}
         figures |= {f"test_partial_{k}": v for k, v in self.partial_scores.compute().items()}
         for name, value in figures.items():
-            self.log(name, value)
+            self.log(name, value.float(), rank_zero_only=True)  # already the figures of every process
+        if not self.trainer.is_global_zero:
+            return
         folder = self.artifacts_dir / "predictions"
         for item in self.pictured:
             write_pcd(folder / f"{item['name']}.pcd", item["predicted"])

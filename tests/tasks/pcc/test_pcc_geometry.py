@@ -118,3 +118,60 @@ def test_scores_average_samples_and_categories():
     assert figures["cd_l1_box"] == pytest.approx(1)
     assert figures["cd_l1_cone"] == pytest.approx((3 + 100) / 2)
     assert figures["fscore_cone"] == pytest.approx(0.5)
+
+
+def test_scores_skip_categories_without_samples():
+    scores = CompletionScores(["box", "cone"])
+    scores.update(torch.zeros(1, 2, 3), torch.zeros(1, 2, 3), torch.tensor([1]))
+    assert set(scores.compute()) == {"cd_l1", "cd_l2", "fscore", "cd_l1_cone", "cd_l2_cone", "fscore_cone"}
+
+
+def _score_share(rank: int, world: int, port: int, results) -> None:
+    """One gloo process: scores its share of the batch _shared_batch() makes."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    prediction, truth, category = _shared_batch()
+    scores = CompletionScores(["box", "cone"])
+    scores.update(prediction[rank::world], truth[rank::world], category[rank::world])
+    results[rank] = {k: float(v) for k, v in scores.compute().items()}
+    dist.destroy_process_group()
+
+
+def _shared_batch():
+    g = torch.Generator().manual_seed(11)
+    truth = torch.rand(5, 20, 3, generator=g)
+    prediction = truth + 0.01 * torch.randn(5, 20, 3, generator=g)
+    return prediction, truth, torch.tensor([0, 1, 1, 0, 1])
+
+
+def test_scores_on_two_processes_equal_one_process():
+    """Two gloo processes, each scoring every other sample (3 and 2 samples, so a plain
+    mean of the two processes' means would differ), both get the one-process figures."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    prediction, truth, category = _shared_batch()
+    single = CompletionScores(["box", "cone"])
+    single.update(prediction, truth, category)
+    expected = {k: float(v) for k, v in single.compute().items()}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.spawn(_score_share, args=(2, port, results), nprocs=2, join=True)
+    for rank in range(2):
+        assert results[rank] == pytest.approx(expected, rel=1e-12)
+
+
+def test_nearest_neighbours_ignore_autocast():
+    """Under bf16 autocast the neighbours are those of fp32: points 1e-3 apart near 0.5
+    are distinct in fp32 but one bf16 value."""
+    truth = torch.tensor([[[0.5, 0.0, 0.0], [0.501, 0.0, 0.0], [0.502, 0.0, 0.0]]])
+    prediction = torch.tensor([[[0.5012, 0.0, 0.0]]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        d1, _ = chamfer_squared(prediction, truth)
+        index = knn(prediction, truth, 1)
+    assert index.item() == 1
+    assert d1.item() == pytest.approx(0.0002 ** 2, rel=1e-3)
