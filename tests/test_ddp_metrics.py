@@ -6,8 +6,9 @@ the same last.ckpt on two processes. A task whose test loader shards the split
 (lavo_tasks.metrics); one that tests the whole split on every process passes as long as
 nothing is counted once per process.
 
-To cover a task, add its tiny arguments to TINY_RUNS: a run of a few steps whose test
-reads at least 2 batches (so each process has a share), without
+To cover a task, add a function to TINY_RUNS that returns the arguments of a tiny run
+(writing any small data files it needs under the test's tmp_path) whose test reads at
+least 2 batches (so each process has a share), without
 trainer.limit_test_batches (it counts each process's batches, so 1 and 2 processes would
 test different items).
 """
@@ -21,14 +22,25 @@ import pytest
 from lavo_tasks import train
 from lavo_tasks.data import ShardSampler
 
-TINY_RUNS = {
-    "lm": ["task=lm", "data.seq_len=16", "data.batch_size=4", "model.d_model=32", "model.n_layers=1",
-           "model.n_heads=2", "model.d_ff=32", "generate.prompt_tokens=8", "generate.max_new_tokens=8",
-           "trainer.limit_val_batches=1", "trainer.val_check_interval=2"],
-    "tsf": ["task=tsf", "model.d_model=16", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1",
+def lm_run(tmp_path):
+    corpus = tmp_path / "corpus"  # small files: the embedded stdlib corpus takes each process a while to read
+    corpus.mkdir()
+    for name, text in [("train.txt", "the quick brown fox jumps over the lazy dog. "), ("valid.txt", "a lazy fox. "),
+                       ("test.txt", "a quick fox and a lazy dog. ")]:
+        (corpus / name).write_text(text * 40)
+    return ["task=lm", f"data.path={corpus}", "data.seq_len=8", "data.batch_size=4", "model.d_model=16",
+            "model.n_layers=1", "model.n_heads=2", "model.d_ff=32", "generate.prompt_tokens=4",
+            "generate.max_new_tokens=4", "trainer.limit_val_batches=1", "trainer.val_check_interval=2"]
+
+
+def tsf_run(tmp_path):
+    return ["task=tsf", "model.d_model=16", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1",
             "model.d_ff=32", "data.seq_len=16", "data.label_len=8", "data.pred_len=4", "data.batch_size=64",
-            "trainer.limit_val_batches=1", "trainer.val_check_interval=2"],
-}
+            "trainer.limit_val_batches=1", "trainer.val_check_interval=2"]
+
+
+# task -> a function of the test's tmp_path that returns the tiny run's arguments
+TINY_RUNS = {"lm": lm_run, "tsf": tsf_run}
 
 
 def test_shards_hold_every_item_once_in_order():
@@ -47,7 +59,7 @@ def test_shards_hold_every_item_once_in_order():
 def test_test_metrics_are_the_same_on_one_and_two_processes(task, tmp_path):
     run_dir = tmp_path / "run"
     common = ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false"]
-    one = train.run([*TINY_RUNS[task], *common, "trainer.max_steps=2", f"run.dir={run_dir}"])
+    one = train.run([*TINY_RUNS[task](tmp_path), *common, "trainer.max_steps=2", f"run.dir={run_dir}"])
     result = subprocess.run([sys.executable, "-m", "lavo_tasks.evaluate", f"run.dir={run_dir}", "ckpt=last", *common,
                              "trainer.devices=2", "trainer.strategy=ddp"],
                             capture_output=True, text=True, cwd=tmp_path, timeout=300)
