@@ -10,6 +10,9 @@ latency per token with batch 8 against SDPA over a KV cache (measured first: it 
 quick). Every attention runs in the same process, side by side:
 
 - softmax: torch SDPA with the FlashAttention backend, causal;
+- softmax_default: the same call with no backend forced, as a user writes it (on
+  Hopper torch picks cuDNN attention, faster than FlashAttention at these shapes);
+  ratios against softmax are stated against the faster of the two;
 - local: FlexAttention with a causal sliding window of 128;
 - lavo: `lavo_attn` (window 128, rank 64), the toolkit's kernels;
 - gsa: `gsa_attn` (64 slots), the toolkit's kernels;
@@ -37,7 +40,7 @@ LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 LONG = 131072
 DECODE_CONTEXTS = (4096, 32768, 131072)
 DECODE_BATCH = 8
-ALL_OPS = ("softmax", "local", "lavo", "gsa", "fla_gsa")
+ALL_OPS = ("softmax", "softmax_default", "local", "lavo", "gsa", "fla_gsa")
 
 
 def _randn(*shape, device, grad=True):
@@ -45,16 +48,23 @@ def _randn(*shape, device, grad=True):
 
 
 # Each builder takes (B, T, device) and returns (forward callable -> tensor, leaf tensors).
-def softmax_op(B, T, device):
+def softmax_op(B, T, device, forced: bool = True):
+    """forced: SDPA's FlashAttention backend; else the backend torch chooses."""
+    from contextlib import nullcontext
+
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q, k, v = (_randn(B, HEADS, T, HEAD_DIM, device=device) for _ in range(3))
 
     def fwd():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if forced else nullcontext():
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     return fwd, [q, k, v]
+
+
+def softmax_default_op(B, T, device):
+    return softmax_op(B, T, device, forced=False)
 
 
 _FLEX = {}
@@ -123,6 +133,7 @@ def fla_gsa_op(B, T, device):
 
 OPS: dict[str, Callable] = {
     "softmax": softmax_op,
+    "softmax_default": softmax_default_op,
     "local": local_op,
     "lavo": lavo_op,
     "gsa": gsa_op,
@@ -248,7 +259,7 @@ def run(args) -> list[dict]:
         print(json.dumps(shown), flush=True)
 
     for context in args.decode:
-        for name in [n for n in ops if n != "local"]:
+        for name in [n for n in ops if n not in ("local", "softmax_default")]:  # one SDPA decode
             try:
                 record({"kind": "decode", "op": name, "B": DECODE_BATCH, "T": context, **decode_latency(name, context, device)})
             except Exception as err:

@@ -1,148 +1,197 @@
-"""End-to-end benchmark: training throughput of the toolkit's language model, on one GPU.
+"""End-to-end benchmark: training throughput of a task's model at its `cab` preset, for
+each attention side by side in one process, on one GPU.
 
-    python -m lavo_tasks.bench_e2e [--out DIR] [--lengths 2048,8192,32768]
-                                   [--attentions softmax,lavo,gsa] [--steps 10]
+    python -m lavo_tasks.bench_e2e task=NAME [attentions=softmax,local,lavo,gsa] [steps=10]
+                                   [out=bench_out] [KEY=VALUE ...]
 
-The protocol is the end-to-end part of docs/design.md §4: the LM of `task=lm`
-with `model.preset=cab` (12 layers, width 768, 12 heads of 64, d_ff 3072; dropout off),
-a 32,000-token vocabulary, 32,768 tokens per training step (batch = 32768 / T), one step
-= forward + backward + fused AdamW under bf16 autocast. lavo runs with window 128 and
-rank 64, gsa with 64 slots (the kernel benchmark's sizes). Random tokens: throughput does
-not depend on the text. After warm-up steps (compiles, autotuning), `--steps` steps are
-timed between two device synchronisations; tokens/s = steps * 32768 / seconds.
+For each attention: the run's configuration (`task=NAME attention=A model.preset=cab`,
+the kernel benchmark's attention sizes: lavo window 128 rank 64, gsa 64 slots, then the
+KEY=VALUE overrides; run.dir, where the default data and caches are written, is
+OUT/runs/<task> unless given), its DataModule's spec and first training batch (the task's default
+data unless data.path says otherwise; throughput does not depend on the values), its
+Module; one step = the Module's own `training_step` + backward + fused AdamW, under bf16
+autocast on a GPU. After WARMUP_STEPS (compiles, autotuning), `steps` steps are timed
+between two device synchronisations. A row: samples/s (the batch's samples), tokens/s
+(the sequence positions the model's Encoder and Decoder stacks read per step, padding
+included: for an encoder-decoder both sequences), step ms, peak memory of a step (GiB,
+CUDA only) and the parameter count. A site whose pattern the attention cannot run
+(`local` at a cross-attention site) keeps softmax, and the row says so (`cross: softmax`). An attention
+that runs out of memory gets a row with its error.
 
-Writes DIR/bench_e2e.jsonl and prints a Markdown table. Needs CUDA.
+Writes OUT/bench_e2e_<task>.jsonl and prints a Markdown table. Needs CUDA (tests run
+it on the CPU with `allow_cpu`).
 """
 
-import argparse
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from lightning.pytorch.utilities import move_data_to_device
+from lightning.pytorch.utilities.data import extract_batch_size
 
-from lavo_tasks.config import compose, site_attention
-from lavo_tasks.tasks.lm.model import LanguageModel
+from . import tasks
+from .attention import ATTENTION_NAMES, block_class
+from .config import compose, split_args, validate
+from .errors import ConfigError
+from .runner import run_cli
+from .stacks import Decoder, Encoder
 
-VOCAB = 32000
-TOKENS_PER_STEP = 32768
-LENGTHS = (2048, 8192, 32768)
-ATTENTIONS = ("softmax", "lavo", "gsa")
 WARMUP_STEPS = 3
 # the attention sizes of the kernel benchmark (the YAML defaults are sized for CPU runs)
 ATTENTION_OVERRIDES = {"lavo": ["attention.window=128", "attention.rank=64"], "gsa": ["attention.slots=64"]}
+CROSS_FALLBACK = "softmax"  # at a site whose pattern the attention cannot run (local at cross sites)
+ARGUMENTS = {"attentions": ",".join(ATTENTION_NAMES), "steps": "10", "out": "bench_out"}
 
 
-def build_model(attention: str, extra: list[str] = ()) -> LanguageModel:
-    """The benchmark's LM: `task=lm model.preset=cab`, dropout off, then `extra` overrides."""
-    cfg = compose(["task=lm", f"attention={attention}", "model.preset=cab", "model.dropout=0.0",
-                   *ATTENTION_OVERRIDES.get(attention, []), *extra])
-    return LanguageModel(VOCAB, cfg.model, site_attention(cfg, "attention"))
+def bench_config(task: str, attention: str, extra: list[str] = ()):
+    """The benchmark's validated configuration of `task` with `attention` at every site it can serve."""
+    patterns = block_class(attention).patterns
+    cross = [f"model.{site}={CROSS_FALLBACK}" for site, pattern in tasks.load_task(task).sites.items()
+             if pattern not in patterns]
+    cfg = compose([f"task={task}", f"attention={attention}", "model.preset=cab",
+                   *ATTENTION_OVERRIDES.get(attention, []), *cross, *extra])
+    validate(cfg)
+    return cfg, bool(cross)
 
 
-def training_throughput(model: LanguageModel, T: int, steps: int, tokens_per_step: int = TOKENS_PER_STEP) -> dict:
-    """Tokens per second of `steps` training steps at length T (after WARMUP_STEPS), and
-    the peak memory of a step. The model's device is where it runs."""
-    device = next(model.parameters()).device
-    batch = max(1, tokens_per_step // T)
-    tokens = torch.randint(VOCAB, (batch, T + 1), device=device)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+class TokenCount:
+    """Sums B * T of the inputs [B, T, D] of every Encoder / Decoder stack of `model`."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.tokens = 0
+        self.handles = [m.register_forward_pre_hook(self._count) for m in model.modules()
+                        if isinstance(m, (Encoder, Decoder))]
+        if not self.handles:
+            raise ValueError(f"{type(model).__name__} has no lavo_tasks.stacks Encoder or Decoder to count tokens at")
+
+    def _count(self, module, args) -> None:
+        x = args[0]
+        self.tokens += x.shape[0] * x.shape[1]
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def training_throughput(cfg, steps: int, device: torch.device) -> dict:
+    """Samples/s, tokens/s, step ms, peak GiB (CUDA) and loss of `steps` training steps of
+    the task's Module on the first batch of its DataModule, after WARMUP_STEPS."""
+    task = tasks.load_task(cfg.task)
+    datamodule = task.DataModule(cfg)
+    module = task.Module(cfg, datamodule.spec()).to(device)
+    batch = move_data_to_device(next(iter(datamodule.train_dataloader())), device)
     on_gpu = device.type == "cuda"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=on_gpu)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=on_gpu)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu)
+    counter = TokenCount(module)
 
     def step():
         with autocast:
-            logits, _ = model(inputs)
-            loss = F.cross_entropy(logits.float().view(-1, VOCAB), targets.reshape(-1))
+            loss = module.training_step(batch, 0)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
-    for _ in range(WARMUP_STEPS):
-        step()
-    if on_gpu:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss = step()
-    loss = float(loss)  # waits for the last step
-    if on_gpu:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    row = {"B": batch, "T": T, "tokens_per_s": steps * batch * T / seconds, "step_ms": seconds / steps * 1e3,
-           "loss": loss}
+    module.train()
+    with warnings.catch_warnings():  # the Module logs train_loss; no Trainer is here to take it
+        warnings.filterwarnings("ignore", message=".*self.log.*")
+        for _ in range(WARMUP_STEPS):
+            step()
+        if on_gpu:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        counter.tokens = 0
+        start = time.perf_counter()
+        for _ in range(steps):
+            loss = step()
+        loss = float(loss)  # waits for the last step
+        if on_gpu:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    counter.remove()
+    samples = extract_batch_size(batch)
+    row = {"batch": samples, "samples_per_s": steps * samples / seconds, "tokens_per_s": counter.tokens / seconds,
+           "tokens_per_step": counter.tokens // steps, "step_ms": seconds / steps * 1e3, "loss": loss,
+           "params": sum(p.numel() for p in module.parameters())}
     if on_gpu:
         row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return row
 
 
-def markdown_table(rows: list[dict]) -> str:
-    names = list(dict.fromkeys(r["attention"] for r in rows))
-    lines = ["| T | " + " | ".join(f"{n} tokens/s (step ms)" for n in names) + " |",
-             "|---" * (len(names) + 1) + "|"]
-    for T in sorted({r["T"] for r in rows}):
-        cells = []
-        for n in names:
-            r = next((r for r in rows if r["T"] == T and r["attention"] == n), None)
-            if r is None or "error" in r:
-                cells.append(r["error"][:40] if r else "")
-            else:
-                cells.append(f"{r['tokens_per_s'] / 1e3:.0f}K ({r['step_ms']:.0f})")
-        lines.append(f"| {T} | " + " | ".join(cells) + " |")
+def markdown_table(task: str, rows: list[dict]) -> str:
+    lines = [f"| {task}: attention | samples/s | tokens/s | step ms | peak GiB | params |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        name = r["attention"] + (f" (cross: {CROSS_FALLBACK})" if r.get("cross_fallback") else "")
+        if "error" in r:
+            lines.append(f"| {name} | {r['error'][:60]} | | | | |")
+            continue
+        peak = f"{r['peak_gib']:.1f}" if "peak_gib" in r else "-"
+        lines.append(f"| {name} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.0f} | "
+                     f"{peak} | {r['params'] / 1e6:.1f}M |")
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lavo_tasks.bench_e2e", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="bench_out", help="folder for bench_e2e.jsonl")
-    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated T values")
-    p.add_argument("--attentions", default=",".join(ATTENTIONS), help=f"comma-separated subset of {','.join(ATTENTIONS)}")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
-    args = p.parse_args(argv)
-    try:
-        lengths = [int(x) for x in args.lengths.split(",") if x]
-    except ValueError:
-        p.error("--lengths takes comma-separated integers")
-    bad = [T for T in lengths if T < 1 or TOKENS_PER_STEP % T]
-    if bad:
-        p.error(f"--lengths: {bad[0]} does not divide {TOKENS_PER_STEP}")
-    attentions = [x for x in args.attentions.split(",") if x]
-    unknown = [x for x in attentions if x not in ATTENTIONS]
-    if unknown:
-        p.error(f"--attentions: unknown {', '.join(unknown)}; allowed {', '.join(ATTENTIONS)}")
-    if args.steps < 1:
-        p.error("--steps must be >= 1")
-    if not torch.cuda.is_available():
-        print("error: the benchmark needs a CUDA GPU (timings on a CPU mean nothing)", file=sys.stderr)
-        return 2
-
-    out = Path(args.out)
+def bench(args: list[str], allow_cpu: bool = False) -> list[dict]:
+    """Runs the benchmark for the command's arguments; returns its rows."""
+    selectors, overrides = split_args(args)
+    task = selectors.pop("task", None)
+    if task is None:
+        raise ConfigError("bench_e2e: name the task, e.g. task=lm")
+    if selectors:
+        raise ConfigError(f"{next(iter(selectors))}=: bench_e2e chooses the attentions with attentions=A,B,...")
+    options = dict(ARGUMENTS)
+    extra = []
+    for key, value in overrides:
+        if key in options:
+            options[key] = value
+        else:
+            extra.append(f"{key}={value}")
+    attentions = [a for a in options["attentions"].split(",") if a]
+    unknown = [a for a in attentions if a not in ATTENTION_NAMES]
+    if unknown or not attentions:
+        raise ConfigError(f"attentions={options['attentions']!r}: choose from {', '.join(ATTENTION_NAMES)}")
+    if not options["steps"].isdigit() or int(options["steps"]) < 1:
+        raise ConfigError(f"steps={options['steps']!r}: a whole number >= 1")
+    if not torch.cuda.is_available() and not allow_cpu:
+        raise ConfigError("bench_e2e needs a CUDA GPU (timings on a CPU mean nothing)")
+    if not any(key == "run.dir" for key, _ in overrides):  # where the default data and caches go, once
+        extra.append(f"run.dir={Path(options['out']) / 'runs' / task}")
+    configs = {a: bench_config(task, a, extra) for a in attentions}  # every config checked before any work
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+    out = Path(options["out"])
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "vocab": VOCAB, "tokens_per_step": TOKENS_PER_STEP}
+    meta = {"date": time.strftime("%Y-%m-%d"), "task": task, "device": torch.cuda.get_device_name()
+            if device.type == "cuda" else "cpu", "torch": torch.__version__, "overrides": extra}
     rows = []
-    with (out / "bench_e2e.jsonl").open("w") as log:
-        for name in attentions:
-            model = build_model(name).cuda()
-            for T in lengths:
-                try:
-                    row = {"attention": name, **training_throughput(model, T, args.steps)}
-                except torch.OutOfMemoryError as err:  # recorded, not fatal
-                    row = {"attention": name, "T": T, "error": f"out of memory: {err}"[:200]}
+    with (out / f"bench_e2e_{task}.jsonl").open("w") as log:
+        for name, (cfg, cross_fallback) in configs.items():
+            row = {"attention": name, "cross_fallback": cross_fallback}
+            try:
+                row |= training_throughput(cfg, int(options["steps"]), device)
+            except torch.OutOfMemoryError as err:  # recorded, not fatal
+                row["error"] = f"out of memory: {err}"[:200]
+            if device.type == "cuda":
                 torch.cuda.empty_cache()
-                rows.append(row)
-                log.write(json.dumps({**meta, **row}) + "\n")
-                log.flush()
-                print(json.dumps(row), flush=True)
-            del model
-            torch.cuda.empty_cache()
-    print(markdown_table(rows))
-    return 0
+            rows.append(row)
+            log.write(json.dumps({**meta, **row}) + "\n")
+            log.flush()
+            print(json.dumps(row), flush=True)
+    print(markdown_table(task, rows))
+    return rows
+
+
+def usage(argv=None) -> str:
+    return __doc__.split("\n\n")[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(bench, sys.argv[1:] if argv is None else argv, usage)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ from .runner import evaluate, run_cli
 ARGUMENTS = ("run.dir", "ckpt")
 # Keys that change how the test runs, not the model a checkpoint holds.
 TEST_KEYS = ("data.path", "data.batch_size", "data.num_workers", "trainer.limit_test_batches",
-             "trainer.precision", "trainer.accelerator", "trainer.enable_progress_bar")
+             "trainer.precision", "trainer.accelerator", "trainer.devices", "trainer.strategy",
+             "trainer.enable_progress_bar")
 TEST_PREFIXES = ("decode.", "generate.")
 
 

@@ -14,8 +14,10 @@ class TaskModule(L.LightningModule):
     """AdamW with linear warm-up and cosine decay (the `optim.*` keys) and the run's
     artifacts folder. Subclasses build the model and implement the steps.
 
-    Validation metrics are logged with `sync_dist=True` (the mean over the processes),
-    so best.ckpt is chosen on the same number by every process."""
+    Validation and test metrics are logged with `sync_dist=True` (the mean over the
+    processes), so best.ckpt is chosen on the same number by every process; a metric
+    that lavo_tasks.metrics has already summed over the processes is the same on each,
+    and so is its mean."""
 
     def __init__(self, cfg: DictConfig):
         super().__init__()
@@ -29,10 +31,19 @@ class TaskModule(L.LightningModule):
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    def _evaluating(self) -> bool:
+        return self._trainer is not None and (self.trainer.validating or self.trainer.sanity_checking
+                                              or self.trainer.testing)
+
     def log(self, name: str, value, *args, **kwargs) -> None:
-        if self._trainer is not None and (self.trainer.validating or self.trainer.sanity_checking):
+        if self._evaluating():
             kwargs.setdefault("sync_dist", True)
         super().log(name, value, *args, **kwargs)
+
+    def log_dict(self, dictionary, *args, **kwargs) -> None:
+        if self._evaluating():  # Lightning's log_dict passes its own sync_dist=False on to log
+            kwargs.setdefault("sync_dist", True)
+        super().log_dict(dictionary, *args, **kwargs)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         # Dropout and any other randomness in a step depend on (seed, step) only, so a

@@ -45,6 +45,7 @@ from .errors import ConfigError
 from .files import write_atomically
 from .plots import attention_label, plot_loss_curve
 from .provenance import checkpoint_record, first_difference, model_identity, result_meta, run_attention
+from .quiet import StepProgressBar, quiet_lightning, set_fast_matmuls, uses_gpu
 
 # Shared by the processes of one run: Lightning's DDP launcher starts the other ranks by
 # running the same command again, and they must agree on the default run.dir.
@@ -345,7 +346,7 @@ def check_machine(cfg: DictConfig) -> None:
     """What the configuration asks of this machine, before any work: Triton kernels need
     a CUDA GPU (or Triton's interpreter, TRITON_INTERPRET=1); CPU processes are at most
     one per core."""
-    gpu = torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda")
+    gpu = uses_gpu(cfg)
     if not gpu and os.environ.get("TRITON_INTERPRET") != "1":
         for site, attention in run_attention(cfg).items():
             if attention.get("backend") == "triton":
@@ -423,14 +424,14 @@ def early_stopping(cfg: DictConfig) -> list[EarlyStopping]:
 
 def build_trainer(cfg: DictConfig, run_dir: Path, *, fitting: bool) -> L.Trainer:
     """A Trainer from the `trainer.*` keys (passed through, `precision: auto` resolved;
-    CALLBACK_KEYS configure callbacks)."""
+    CALLBACK_KEYS configure callbacks), with lavo_tasks.quiet's defaults."""
     kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     for key in CALLBACK_KEYS:
         kwargs.pop(key)
     stopping = early_stopping(cfg)
     if kwargs["precision"] == "auto":
-        on_gpu = torch.cuda.is_available() and kwargs["accelerator"] in ("auto", "gpu", "cuda")
-        kwargs["precision"] = "bf16-mixed" if on_gpu else "32-true"
+        kwargs["precision"] = "bf16-mixed" if uses_gpu(cfg) else "32-true"
+    set_fast_matmuls(cfg)
     callbacks = []
     if fitting:
         checkpoints = run_dir / "checkpoints"
@@ -440,6 +441,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, fitting: bool) -> L.Trainer
                      TrainingLog(run_dir / "logs" / "metrics.csv", cfg.trainer.log_every_n_steps,
                                  run_dir / "artifacts" / "loss.png", title),
                      SignalCheckpoint(checkpoints / "last.ckpt", cfg.run.checkpoint_every), *stopping]
+    if kwargs["enable_progress_bar"]:
+        callbacks.append(StepProgressBar())
     try:
         return L.Trainer(
             **kwargs,
@@ -451,7 +454,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, fitting: bool) -> L.Trainer
             gradient_clip_val=cfg.optim.grad_clip or None,
             check_val_every_n_epoch=None,  # val_check_interval counts steps, across epochs
             # Training batches shard themselves (lavo_tasks.data.StepBatchSampler); every
-            # process validates and tests on the whole split.
+            # process validates on the whole split, and tests on the whole split or, where
+            # the task's test loader shards it (lavo_tasks.data.ShardSampler), on its share.
             use_distributed_sampler=False,
         )
     except (MisconfigurationException, ValueError, TypeError) as err:
@@ -522,6 +526,7 @@ def resources(module, started: float, resumed: bool, on_gpu: bool) -> dict:
             "memory": kind, "parameters": sum(p.numel() for p in module.parameters())}
 
 
+@quiet_lightning()
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit (or continue, with run.resume) and test; returns the test metrics."""
     started = time.perf_counter()
@@ -620,6 +625,7 @@ def eval_dir(run_dir: Path, ckpt: str) -> Path:
     return Path(os.environ[EVAL_DIR_ENV])
 
 
+@quiet_lightning()
 def evaluate(cfg: DictConfig, ckpt: str, overrides: dict | None = None) -> dict[str, float]:
     """Test the checkpoint `ckpt` (last, best or a path) of the run in cfg.run.dir; the
     result goes to a new eval/<ckpt>-<time>/ folder of the run. `overrides`: the

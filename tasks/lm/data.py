@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
 from lavo_tasks.text.corpus import SPLITS, stdlib_splits
-from lavo_tasks.data import StepBatchSampler
+from lavo_tasks.data import ShardSampler, StepBatchSampler
 from lavo_tasks.errors import DataError
 from lavo_tasks.text.token_cache import MappedStream, cached_token_stream, file_source, text_source
 from lavo_tasks.text.tokenizer import build_tokenizer, tokenizer_spec
@@ -141,10 +141,13 @@ class LMDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> list[DataLoader]:
         """One loader per length factor; the batch shrinks as the blocks grow, so every
-        batch holds the same number of tokens."""
+        batch holds the same number of tokens. Each process reads its own share of the
+        blocks (ShardSampler; the module's metrics sum over the processes)."""
         seq_len, batch = self.cfg.data.seq_len, self.cfg.data.batch_size
-        return [self._blocks("test", f * seq_len, max(batch // f, 1)) for f in TEST_LENGTH_FACTORS]
+        return [self._blocks("test", f * seq_len, max(batch // f, 1), shard=True) for f in TEST_LENGTH_FACTORS]
 
-    def _blocks(self, split: str, length: int, batch_size: int) -> DataLoader:
+    def _blocks(self, split: str, length: int, batch_size: int, shard: bool = False) -> DataLoader:
         windows = TokenWindows(self.streams[split], length, stride=length)
-        return DataLoader(windows, batch_size=batch_size, shuffle=False, num_workers=self.cfg.data.num_workers)
+        sampler = ShardSampler(len(windows)) if shard else None
+        return DataLoader(windows, batch_size=batch_size, sampler=sampler, shuffle=False,
+                          num_workers=self.cfg.data.num_workers)

@@ -7,15 +7,16 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
+from torch import nn
 
 from lavo_tasks.config import site_attention
 from lavo_tasks.files import write_atomically
+from lavo_tasks.metrics import Mean
 from lavo_tasks.module import TaskModule
 from lavo_tasks.plots import attention_label, format_metrics, readable_ylim, save_figure
 from lavo_tasks.text.tokenizer import tokenizer_from_spec
 
 from .data import TEST_LENGTH_FACTORS
-from .metrics import Perplexity
 from .model import LanguageModel
 
 TEST_METRICS = tuple("test_ppl" if f == 1 else f"test_ppl_{f}x" for f in TEST_LENGTH_FACTORS)
@@ -30,6 +31,9 @@ class LMModule(TaskModule):
         self.attention = site_attention(cfg, "attention")
         self.model = LanguageModel(spec["vocab_size"], cfg.model, self.attention)
         self.prompt = None  # [P]: the test split's first tokens, taken from its first longest block
+        # Mean NLL per token (perplexity = its exp), summed over the processes' shares.
+        self.val_nll = Mean()
+        self.test_nll = nn.ModuleList(Mean() for _ in TEST_LENGTH_FACTORS)
 
     def token_nll(self, batch: torch.Tensor) -> torch.Tensor:
         """batch [B, L + 1] token windows -> NLL of each next token [B, L]."""
@@ -43,33 +47,34 @@ class LMModule(TaskModule):
 
     # -- validation: one token-weighted perplexity over the evaluated blocks
     def on_validation_epoch_start(self) -> None:
-        self.val_ppl = Perplexity()
+        self.val_nll.reset()
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        self.val_ppl.update(self.token_nll(batch))
+        self.val_nll.update(self.token_nll(batch))
 
     def on_validation_epoch_end(self) -> None:
-        nll = self._all_ranks_mean_nll(self.val_ppl)
+        nll = self.val_nll.compute()
         self.log_dict({"val_loss": nll, "val_ppl": nll.exp()}, prog_bar=True)
 
     # -- test: one perplexity per length, and NLL by position within the longest blocks
     def on_test_epoch_start(self) -> None:
-        self.test_ppl = [Perplexity() for _ in TEST_LENGTH_FACTORS]
+        for metric in self.test_nll:
+            metric.reset()
         longest = max(TEST_LENGTH_FACTORS) * self.cfg.data.seq_len
         self.position_nll = torch.zeros(longest, dtype=torch.float64)
         self.position_count = 0
 
     def test_step(self, batch: torch.Tensor, batch_idx: int, dataloader_idx: int = 0) -> None:
         nll = self.token_nll(batch)  # [B, f * seq_len]
-        self.test_ppl[dataloader_idx].update(nll)
+        self.test_nll[dataloader_idx].update(nll)
         if dataloader_idx == LONGEST:
-            if batch_idx == 0:  # the first block starts the test split
+            if batch_idx == 0:  # on process 0 (ShardSampler's first share), the start of the test split
                 self.prompt = batch[0, : self.cfg.generate.prompt_tokens].cpu()
             self.position_nll += nll.double().sum(0).cpu()
             self.position_count += nll.shape[0]
 
     def on_test_epoch_end(self) -> None:
-        ppl = {name: self._all_ranks_mean_nll(acc).exp() for name, acc in zip(TEST_METRICS, self.test_ppl)}
+        ppl = {name: metric.compute().exp() for name, metric in zip(TEST_METRICS, self.test_nll)}
         self.log_dict(ppl)
         reduce = self.trainer.strategy.reduce
         sums = reduce(self.position_nll.to(self.device), reduce_op="sum")
@@ -77,14 +82,6 @@ class LMModule(TaskModule):
         if self.trainer.is_global_zero:
             self.write_generated_text()
             self.plot_ppl_vs_context({k: float(v) for k, v in ppl.items()}, (sums / count).cpu())
-
-    def _all_ranks_mean_nll(self, acc: Perplexity) -> torch.Tensor:
-        """The mean NLL over the tokens of every process. (The runner gives each process
-        the whole evaluation split, so this is also each one's own mean; summing both
-        the NLL and the count keeps it exact however the split is shared out.)"""
-        totals = torch.tensor([acc.nll_sum, float(acc.n_tokens)], dtype=torch.float64, device=self.device)
-        totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
-        return (totals[0] / totals[1]).float()
 
     # -- artifacts
     def write_generated_text(self) -> None:

@@ -1,39 +1,41 @@
 """The end-to-end benchmark's harness on the CPU (its timings mean something only on a GPU)."""
 
-import math
+import json
 
 import pytest
 
 from lavo_tasks import bench_e2e
+from lavo_tasks.attention import ATTENTION_NAMES
+from lavo_tasks.errors import ConfigError
 
-SMALL = ["model.d_model=128", "model.n_layers=1", "model.n_heads=2", "model.d_ff=64"]  # head dim 64: rank 64 fits
-
-
-def test_protocol_model_sizes():
-    """The benchmark's LM is docs/design.md §4's: 12 layers of width 768, 12 heads, a
-    32,000-token vocabulary, no dropout, and the kernel benchmark's LAVO sizes."""
-    model = bench_e2e.build_model("lavo")
-    assert len(model.decoder.layers) == 12
-    assert tuple(model.embed.weight.shape) == (32000, 768)
-    assert model.drop.p == 0.0
-    attn = model.decoder.layers[0].self_attn
-    assert (attn.window, attn.rank, attn.n_heads) == (128, 64, 12)
+TSF_SMALL = ["model.d_model=128", "model.n_heads=2", "model.d_ff=64", "model.encoder_layers=1",
+             "model.decoder_layers=1", "data.seq_len=32", "data.label_len=16", "data.pred_len=8", "data.batch_size=2"]
 
 
-@pytest.mark.parametrize("attention", ["softmax", "lavo", "gsa"])
-def test_training_throughput_row(attention):
-    """Steps train the model: the loss on random tokens starts at ln(V) (the tied head's
-    logits start near 0) and falls below it on the batch that every step repeats; the row
-    counts B * T tokens per step."""
-    model = bench_e2e.build_model(attention, SMALL)
-    row = bench_e2e.training_throughput(model, T=16, steps=2, tokens_per_step=32)
-    assert (row["B"], row["T"]) == (2, 16)
-    assert row["tokens_per_s"] > 0 and row["step_ms"] > 0
-    assert math.isclose(row["tokens_per_s"] * row["step_ms"] / 1e3, 32, rel_tol=1e-6)
-    assert math.log(32000) - 1 < row["loss"] < math.log(32000) - 0.05
+def test_every_attention_gets_a_row_with_the_counted_tokens(tmp_path):
+    """tsf at tiny sizes, one step each: a row per attention with the protocol's keys; the
+    stacks read seq_len (encoder) + label_len + pred_len (decoder) positions per sample."""
+    out = tmp_path / "out"
+    rows = bench_e2e.bench(["task=tsf", "steps=1", f"out={out}", *TSF_SMALL], allow_cpu=True)
+    assert [r["attention"] for r in rows] == list(ATTENTION_NAMES)
+    for r in rows:
+        assert {"batch", "samples_per_s", "tokens_per_s", "tokens_per_step", "step_ms", "params", "loss"} <= r.keys()
+        assert r["batch"] == 2 and r["tokens_per_step"] == 2 * (32 + 16 + 8)
+        assert r["tokens_per_s"] == pytest.approx(r["samples_per_s"] * 56, rel=1e-6)
+    assert [r["cross_fallback"] for r in rows] == [a == "local" for a in ATTENTION_NAMES]
+    logged = [json.loads(line) for line in (out / "bench_e2e_tsf.jsonl").read_text().splitlines()]
+    assert [r["attention"] for r in logged] == list(ATTENTION_NAMES) and logged[0]["task"] == "tsf"
 
 
-def test_cli_rejects_bad_lengths(capsys):
-    with pytest.raises(SystemExit):
-        bench_e2e.main(["--lengths", "3000"])
-    assert "3000 does not divide 32768" in capsys.readouterr().err
+def test_the_preset_is_cab_and_the_kernel_sizes_apply():
+    cfg, fallback = bench_e2e.bench_config("lm", "lavo")
+    assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads) == (768, 12, 12)
+    assert (cfg.model.attention.window, cfg.model.attention.rank) == (128, 64) and not fallback
+
+
+@pytest.mark.parametrize("args, message", [(["steps=1"], "name the task"),
+                                           (["task=lm", "attentions=flash"], "choose from"),
+                                           (["task=lm", "steps=0"], "steps='0'")])
+def test_bad_arguments_are_one_line(args, message):
+    with pytest.raises(ConfigError, match=message):
+        bench_e2e.bench(args, allow_cpu=True)

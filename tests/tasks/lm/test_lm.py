@@ -12,9 +12,9 @@ from lavo_tasks.attention import ATTENTION_NAMES
 from lavo_tasks.config import compose, site_attention, validate
 from lavo_tasks.text.corpus import SPLITS, stdlib_modules, stdlib_splits
 from lavo_tasks.errors import ConfigError, DataError
+from lavo_tasks.metrics import Mean
 from lavo_tasks.tasks import lm
 from lavo_tasks.tasks.lm.data import read_text, split_files
-from lavo_tasks.tasks.lm.metrics import Perplexity
 from lavo_tasks.tasks.lm.model import LanguageModel
 
 # Per-attention keys that fit the tiny model below (head dim 8, sequences of 8-64 tokens).
@@ -47,21 +47,12 @@ def nll_of(probabilities):
     return F.cross_entropy(logits, torch.zeros(len(p), dtype=torch.long), reduction="none")
 
 
-def test_perplexity_is_exp_of_mean_nll_hand_computed():
-    ppl = Perplexity()
-    ppl.update(nll_of([1 / 2, 1 / 4, 1 / 8, 1 / 16]))  # NLL = 1, 2, 3, 4 times ln 2
-    assert ppl.mean_nll() == pytest.approx(2.5 * math.log(2), rel=1e-12)
-    assert ppl.compute() == pytest.approx(2**2.5, rel=1e-12)  # 5.6569, not the mean prob
-
-
-def test_perplexity_weights_tokens_not_batches():
-    ppl = Perplexity()
-    ppl.update(nll_of([1 / 2]))  # a batch of 1 token, perplexity 2
-    ppl.update(nll_of([1 / 8, 1 / 8, 1 / 8]).view(3, 1))  # 3 tokens, perplexity 8
-    assert ppl.n_tokens == 4
-    assert ppl.compute() == pytest.approx(2 ** ((1 + 3 * 3) / 4), rel=1e-12)  # 5.657, not (2 + 8) / 2
-    with pytest.raises(ValueError):
-        Perplexity().compute()
+def test_perplexity_is_exp_of_token_weighted_mean_nll_hand_computed():
+    """The module's perplexity: exp of lavo_tasks.metrics.Mean over the token NLLs."""
+    nll = Mean()
+    nll.update(nll_of([1 / 2]))  # a batch of 1 token, perplexity 2
+    nll.update(nll_of([1 / 8, 1 / 8, 1 / 8]).view(3, 1))  # 3 tokens, perplexity 8
+    assert nll.compute().exp().item() == pytest.approx(2 ** ((1 + 3 * 3) / 4), rel=1e-12)  # 5.657, not (2 + 8) / 2
 
 
 # -- the embedded corpus ---------------------------------------------------------------

@@ -135,7 +135,7 @@ def test_the_output_head_is_the_input_embedding():
 @pytest.mark.parametrize("cross_causal", [True, False], ids=["CC", "NC"])
 @pytest.mark.parametrize("attention", list(ATTENTIONS))
 def test_which_memory_positions_a_summary_position_reads(attention, cross_causal):
-    """CC (design ATTENTION.md): summary position t reads memory positions j <= t only, so a
+    """CC (docs/design.md §2): summary position t reads memory positions j <= t only, so a
     summary token that copies from later in the source cannot see what it copies; NC reads
     the whole memory. Perturbing memory position 6 must leave positions 0-5 unchanged under
     CC and change them under NC; position 6 and later change under both."""
