@@ -17,16 +17,18 @@ synthesised / reference frames. Artifacts: the first test utterances' wavs (synt
 and vocoded reference), their mels, stop probabilities and, for a softmax
 cross-attention, its weights.
 
-Test metrics are accumulated in this process: run the test on one device.
+The test metrics are torchmetrics sums, added up over the processes, so a test on
+several devices scores the whole split; the artifacts come from the first process's
+utterances.
 """
 
 from contextlib import nullcontext
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure  # not pyplot: no global backend state is touched
 from omegaconf import DictConfig
+from torchmetrics.aggregation import MeanMetric
 
 from ...attention.softmax import SoftmaxAttention
 from ...config import site_attention
@@ -64,6 +66,9 @@ class TTSModule(TaskModule):
         self.register_buffer("mel_mean", torch.tensor(spec["mel_mean"]))
         self.register_buffer("mel_std", torch.tensor(spec["mel_std"]))
         self.vocoder = GriffinLim(self.mel_config)
+        rate = self.mel_config.sample_rate
+        self.distortion, self.baseline_distortion = CorpusDistortion(rate), CorpusDistortion(rate)
+        self.length_ratio = MeanMetric().set_dtype(torch.float64)
 
     # --- teacher forcing
 
@@ -131,9 +136,8 @@ class TTSModule(TaskModule):
         return normalised.float() * self.mel_std + self.mel_mean
 
     def on_test_epoch_start(self) -> None:
-        rate = self.mel_config.sample_rate
-        self.distortion, self.baseline_distortion = CorpusDistortion(rate), CorpusDistortion(rate)
-        self.length_ratios: list[float] = []
+        for metric in (self.distortion, self.baseline_distortion, self.length_ratio):
+            metric.reset()
         self.examples: list[dict] = []
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
@@ -146,7 +150,7 @@ class TTSModule(TaskModule):
             baseline_audio = self.vocoder(self.mel_mean.expand(ref_len, -1))
             self.distortion.update(ref_audio, syn_audio)
             self.baseline_distortion.update(ref_audio, baseline_audio)
-            self.length_ratios.append(syn_len / ref_len)
+            self.length_ratio.update(syn_len / ref_len)
             if len(self.examples) < ARTIFACT_UTTERANCES:
                 self.examples.append({
                     "index": int(batch["index"][i]), "reference": reference.cpu(), "synthesised": synthesised.cpu(),
@@ -159,10 +163,11 @@ class TTSModule(TaskModule):
     def on_test_epoch_end(self) -> None:
         figures = {f"test_{k}": v for k, v in self.distortion.compute().items()}
         figures |= {f"test_baseline_{k}": v for k, v in self.baseline_distortion.compute().items()}
-        figures["test_length_ratio"] = float(np.mean(self.length_ratios))
+        figures["test_length_ratio"] = float(self.length_ratio.compute())
         for name, value in figures.items():
             self.log(name, value)
-        self.write_artifacts()
+        if self.trainer.is_global_zero:
+            self.write_artifacts()
 
     # --- artifacts
 
