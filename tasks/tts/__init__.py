@@ -8,7 +8,7 @@ attention's decode state, Griffin-Lim audio, MCD / MSD as fairseq's eval_sp comp
 from omegaconf import DictConfig
 
 from lavo_tasks.attention.base import is_int
-from lavo_tasks.config import check_rules
+from lavo_tasks.config import check_rules, site_attention
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
 
@@ -21,6 +21,18 @@ from .text import FRONTENDS
 # cross-attention (decoder step t reads text positions <= t). model.cross_causal=false
 # runs NC instead; every block with a CC pattern has NC too, so the CC check covers it.
 SITES = {"encoder_attention": "NS", "decoder_attention": "CS", "cross_attention": "CC"}
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _rate(value) -> bool:
+    """auto, or a number > 0 (the command line gives a number to this string key as text)."""
+    try:
+        return value == "auto" or float(value) > 0
+    except ValueError:
+        return False
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -38,6 +50,11 @@ def check_config(cfg: DictConfig) -> None:
         ("model.prenet_dim", model.prenet_dim >= 1, ">= 1"),
         ("model.n_frames_per_step", model.n_frames_per_step >= 1, ">= 1"),
         ("model.dropout", 0 <= model.dropout < 1, "in [0, 1)"),
+        ("model.text_position_rate", _rate(model.text_position_rate),
+         "auto or a number > 0"),
+        ("model.guided_attention", _number(model.guided_attention) and model.guided_attention >= 0, "a number >= 0"),
+        ("model.guided_attention", not model.guided_attention or site_attention(cfg, "cross_attention").name == "softmax",
+         "0 unless the cross-attention is softmax (the only block that forms its weights)"),
         ("decode.max_frames", decode.max_frames >= 1, ">= 1"),
         ("decode.stop_threshold", 0 < decode.stop_threshold < 1, "in (0, 1)"),
     ]

@@ -217,6 +217,8 @@ class TTSDataModule(L.LightningDataModule):
         train_frames = torch.cat([mels[u.id] for u in self.utterances["train"]])  # [frames, n_mels]
         self.mel_mean = train_frames.mean(dim=0)
         self.mel_std = train_frames.std(dim=0).clamp(min=1e-3)  # a band that never moves is only centred
+        train_symbols = sum(len(encode(symbols[u.id], self.vocabulary)) for u in self.utterances["train"])
+        self.frames_per_symbol = len(train_frames) / train_symbols
         for split, items in self.utterances.items():
             self.datasets[split] = TTSDataset(
                 [encode(symbols[u.id], self.vocabulary) for u in items],
@@ -233,6 +235,7 @@ class TTSDataModule(L.LightningDataModule):
             "vocabulary": self.vocabulary,
             "mel_mean": self.mel_mean.tolist(),
             "mel_std": self.mel_std.tolist(),
+            "frames_per_symbol": self.frames_per_symbol,
             "mel": {"sample_rate": m.sample_rate, "n_fft": m.n_fft, "hop_length": m.hop_length, "n_mels": m.n_mels,
                     "f_min": m.f_min, "f_max": m.f_max},
         }

@@ -1,12 +1,17 @@
 """Transformer-TTS (Li et al., 2019) on the shared stacks.
 
     text:    symbols -> Embedding -> 3 x [Conv1d(k=5) -> BatchNorm -> ReLU -> Dropout] -> Linear
-             + alpha_text * sinusoidal positions -> Encoder (NS)
+             + alpha_text * sinusoidal positions (at rate rho) -> Encoder (NS)
     decoder: each step reads the last mel frame of the step before (zeros at the start)
              -> prenet (2 x [Linear -> ReLU -> Dropout 0.5]) -> Linear
              + alpha_mel * sinusoidal positions -> Decoder (CS self, CC or NC cross)
     heads:   Linear -> r = n_frames_per_step mel frames per step; Linear -> a stop logit per step
     postnet: 5 x Conv1d(k=5) with BatchNorm (tanh between them), added to the frames
+
+Text position p is encoded as the decoder step rho * p, rho = the training data's
+decoder steps per text symbol (Deep Voice 3's position rate): a text position and the
+decoder step that speaks it get similar sinusoids, so the cross-attention can find the
+near-diagonal alignment by position alone, with any attention.
 
 The mel prenet's dropout stays on at inference, as in Tacotron 2 and Transformer-TTS: it
 is the only noise the autoregressive loop has, and without it the decoder copies its
@@ -33,7 +38,7 @@ PRENET_DROPOUT = 0.5
 
 
 def sinusoids(positions: torch.Tensor, d_model: int) -> torch.Tensor:
-    """positions [...] (any integers) -> [..., d_model]: sin on the first half of the
+    """positions [...] (any numbers) -> [..., d_model]: sin on the first half of the
     features, cos on the second, frequencies 1 / 10000^(2i / d_model)."""
     half = d_model // 2
     frequency = torch.exp(torch.arange(half, device=positions.device) * (-math.log(10000.0) * 2 / d_model))
@@ -87,9 +92,11 @@ class TransformerTTS(nn.Module):
     def __init__(self, n_symbols: int, n_mels: int, *, d_model: int, n_heads: int, encoder_layers: int,
                  decoder_layers: int, d_ff: int, dropout: float, conv_channels: int, prenet_dim: int,
                  n_frames_per_step: int, encoder_attention: DictConfig, decoder_attention: DictConfig,
-                 cross_attention: DictConfig, cross_causal: bool, prenet_dropout: float = PRENET_DROPOUT):
+                 cross_attention: DictConfig, cross_causal: bool, text_position_rate: float = 1.0,
+                 prenet_dropout: float = PRENET_DROPOUT):
         super().__init__()
         self.n_mels, self.r, self.d_model = n_mels, n_frames_per_step, d_model
+        self.text_position_rate = text_position_rate
         self.embedding = nn.Embedding(n_symbols, conv_channels, padding_idx=PAD)
         self.text_prenet = ConvStack([conv_channels] * (TEXT_CONV_LAYERS + 1), nn.ReLU(), dropout, last_linear=False)
         self.text_project = nn.Linear(conv_channels, d_model)
@@ -111,7 +118,8 @@ class TransformerTTS(nn.Module):
         mask = torch.arange(tokens.shape[1], device=tokens.device) < token_lengths[:, None]
         h = self.text_prenet(self.embedding(tokens).transpose(1, 2), mask)  # [B, L, C] -> [B, C, L]
         h = self.text_project(h.transpose(1, 2))  # [B, L, D]
-        h = h + self.text_alpha * sinusoids(torch.arange(tokens.shape[1], device=tokens.device), self.d_model)
+        positions = torch.arange(tokens.shape[1], device=tokens.device) * self.text_position_rate
+        h = h + self.text_alpha * sinusoids(positions, self.d_model)
         return self.encoder(h, mask), mask
 
     def decoder_inputs(self, mels: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 Loss (teacher forcing): L1 + L2 between the target frames and the frames before the
 postnet, the same after it, over the real frames; plus BCE on the stop logit of every
-real step (the last step of an utterance is the positive, weighted 5).
+real step (the last step of an utterance is the positive, weighted 5); with
+`model.guided_attention` > 0, that weight times the guided-attention loss on the softmax
+cross-attention weights (alignment.py).
 
 Test: `test_loss` as in training; then each utterance is synthesised autoregressively
 (`lavo_tasks.generation.generate_frames` over the model's decode state; the encoder runs
@@ -15,19 +17,24 @@ synthesised / reference frames. Artifacts: the first test utterances' wavs (synt
 and vocoded reference), their mels, stop probabilities and, for a softmax
 cross-attention, its weights.
 
-Test metrics are accumulated in this process: run the test on one device.
+The test metrics are torchmetrics sums, added up over the processes, so a test on
+several devices scores the whole split; the artifacts come from the first process's
+utterances.
 """
 
-import numpy as np
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure  # not pyplot: no global backend state is touched
 from omegaconf import DictConfig
+from torchmetrics.aggregation import MeanMetric
 
 from ...attention.softmax import SoftmaxAttention
 from ...config import site_attention
 from ...generation import generate_frames
 from ...module import TaskModule
+from .alignment import guided_attention_loss, recorded_cross_weights
 from .audio import GriffinLim, MelConfig, write_wav
 from .metrics import CorpusDistortion
 from .model import TransformerTTS
@@ -38,9 +45,13 @@ ARTIFACT_UTTERANCES = 3
 
 class TTSModule(TaskModule):
     def __init__(self, cfg: DictConfig, spec: dict):
-        """spec: TTSDataModule.spec() (vocabulary, mel settings, mel mean / std)."""
+        """spec: TTSDataModule.spec() (vocabulary, mel settings, mel mean / std, frames
+        per symbol)."""
         super().__init__(cfg)
         m = cfg.model
+        rate = m.text_position_rate
+        if rate == "auto":  # the training data's decoder steps per text symbol
+            rate = spec["frames_per_symbol"] / m.n_frames_per_step
         self.mel_config = MelConfig(**spec["mel"])
         self.model = TransformerTTS(
             len(spec["vocabulary"]), self.mel_config.n_mels, d_model=m.d_model, n_heads=m.n_heads,
@@ -49,11 +60,15 @@ class TTSModule(TaskModule):
             encoder_attention=site_attention(cfg, "encoder_attention"),
             decoder_attention=site_attention(cfg, "decoder_attention"),
             cross_attention=site_attention(cfg, "cross_attention"), cross_causal=m.cross_causal,
+            text_position_rate=float(rate),
         )
         # Saved with the checkpoint: the run's normalisation of the mels.
         self.register_buffer("mel_mean", torch.tensor(spec["mel_mean"]))
         self.register_buffer("mel_std", torch.tensor(spec["mel_std"]))
         self.vocoder = GriffinLim(self.mel_config)
+        rate = self.mel_config.sample_rate
+        self.distortion, self.baseline_distortion = CorpusDistortion(rate), CorpusDistortion(rate)
+        self.length_ratio = MeanMetric().set_dtype(torch.float64)
 
     # --- teacher forcing
 
@@ -68,7 +83,9 @@ class TTSModule(TaskModule):
 
     def losses(self, batch: dict) -> dict[str, torch.Tensor]:
         mels, step_lengths, frame_mask = self._whole_steps(batch["mels"], batch["mel_lengths"])
-        before, after, stop = self.model(batch["tokens"], batch["token_lengths"], mels, step_lengths)
+        guided = self.cfg.model.guided_attention
+        with recorded_cross_weights(self.model.decoder) if guided else nullcontext() as cross_weights:
+            before, after, stop = self.model(batch["tokens"], batch["token_lengths"], mels, step_lengths)
         real = frame_mask[..., None].float()  # [B, N * r, 1]
         count = real.sum() * mels.shape[-1]
         mel_loss = sum(((F.l1_loss(pred.float(), mels, reduction="none") + F.mse_loss(pred.float(), mels, reduction="none"))
@@ -79,7 +96,11 @@ class TTSModule(TaskModule):
         stop_loss = F.binary_cross_entropy_with_logits(
             stop.float()[step_mask], stop_target[step_mask], pos_weight=stop.new_tensor(STOP_POSITIVE_WEIGHT).float()
         )
-        return {"loss": mel_loss + stop_loss, "mel_loss": mel_loss, "stop_loss": stop_loss}
+        losses = {"loss": mel_loss + stop_loss, "mel_loss": mel_loss, "stop_loss": stop_loss}
+        if guided:
+            losses["attention_loss"] = guided_attention_loss(cross_weights, step_lengths, batch["token_lengths"])
+            losses["loss"] = losses["loss"] + guided * losses["attention_loss"]
+        return losses
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         losses = self.losses(batch)
@@ -92,6 +113,8 @@ class TTSModule(TaskModule):
         self.log("val_loss", losses["loss"], prog_bar=True, batch_size=size)
         self.log("val_mel_loss", losses["mel_loss"], batch_size=size)
         self.log("val_stop_loss", losses["stop_loss"], batch_size=size)
+        if "attention_loss" in losses:
+            self.log("val_attention_loss", losses["attention_loss"], batch_size=size)
 
     # --- synthesis
 
@@ -113,9 +136,8 @@ class TTSModule(TaskModule):
         return normalised.float() * self.mel_std + self.mel_mean
 
     def on_test_epoch_start(self) -> None:
-        rate = self.mel_config.sample_rate
-        self.distortion, self.baseline_distortion = CorpusDistortion(rate), CorpusDistortion(rate)
-        self.length_ratios: list[float] = []
+        for metric in (self.distortion, self.baseline_distortion, self.length_ratio):
+            metric.reset()
         self.examples: list[dict] = []
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
@@ -128,7 +150,7 @@ class TTSModule(TaskModule):
             baseline_audio = self.vocoder(self.mel_mean.expand(ref_len, -1))
             self.distortion.update(ref_audio, syn_audio)
             self.baseline_distortion.update(ref_audio, baseline_audio)
-            self.length_ratios.append(syn_len / ref_len)
+            self.length_ratio.update(syn_len / ref_len)
             if len(self.examples) < ARTIFACT_UTTERANCES:
                 self.examples.append({
                     "index": int(batch["index"][i]), "reference": reference.cpu(), "synthesised": synthesised.cpu(),
@@ -141,10 +163,11 @@ class TTSModule(TaskModule):
     def on_test_epoch_end(self) -> None:
         figures = {f"test_{k}": v for k, v in self.distortion.compute().items()}
         figures |= {f"test_baseline_{k}": v for k, v in self.baseline_distortion.compute().items()}
-        figures["test_length_ratio"] = float(np.mean(self.length_ratios))
+        figures["test_length_ratio"] = float(self.length_ratio.compute())
         for name, value in figures.items():
             self.log(name, value)
-        self.write_artifacts()
+        if self.trainer.is_global_zero:
+            self.write_artifacts()
 
     # --- artifacts
 
@@ -189,33 +212,18 @@ class TTSModule(TaskModule):
         """The last decoder layer's cross-attention weights (mean over heads) under
         teacher forcing, when that block is `softmax` (the other blocks never form the
         weights)."""
-        block = self.model.decoder.layers[-1].cross_attn
-        if not isinstance(block, SoftmaxAttention):
+        if not isinstance(self.model.decoder.layers[-1].cross_attn, SoftmaxAttention):
             return
-        captured = {}
-        hook = block.register_forward_hook(
-            lambda module, args, kwargs, out: captured.update(x=args[0], context=kwargs["context"]), with_kwargs=True
-        )
-        try:
-            fig = Figure(figsize=(5 * len(self.examples), 3.5))
-            axes = fig.subplots(1, len(self.examples), squeeze=False)[0]
-            for ax, ex in zip(axes, self.examples):
-                tokens, mel = ex["tokens"][None].to(self.device), ex["mel"][None].to(self.device)
-                mels, steps, _ = self._whole_steps(mel, torch.tensor([len(ex["mel"])], device=self.device))
+        fig = Figure(figsize=(5 * len(self.examples), 3.5))
+        axes = fig.subplots(1, len(self.examples), squeeze=False)[0]
+        for ax, ex in zip(axes, self.examples):
+            tokens, mel = ex["tokens"][None].to(self.device), ex["mel"][None].to(self.device)
+            mels, steps, _ = self._whole_steps(mel, torch.tensor([len(ex["mel"])], device=self.device))
+            with recorded_cross_weights(self.model.decoder) as weights:
                 self.model(tokens, torch.tensor([tokens.shape[1]], device=self.device), mels, steps)
-                q = block._queries(captured["x"], 0)  # [1, H, N, d]
-                k, _ = block._keys_values(captured["context"], 0)  # [1, H, L, d]
-                scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # [1, H, N, L]
-                if block.causal:  # CC: step t reads text positions <= t
-                    n, s = scores.shape[-2:]
-                    allowed = torch.arange(s, device=scores.device) <= torch.arange(n, device=scores.device)[:, None]
-                    scores = scores.masked_fill(~allowed, float("-inf"))
-                weights = scores.softmax(-1).mean(1)[0]  # [N, L]
-                ax.imshow(weights.T.float().cpu().numpy(), origin="lower", aspect="auto", interpolation="none")
-                ax.set_title(f"test {ex['index']}: cross-attention, last layer", fontsize=9)
-                ax.set_xlabel("decoder step")
-                ax.set_ylabel("text position")
-            fig.tight_layout()
-            fig.savefig(self.artifacts_dir / "cross_attention.png", dpi=90)
-        finally:
-            hook.remove()
+            ax.imshow(weights[-1].mean(1)[0].T.cpu().numpy(), origin="lower", aspect="auto", interpolation="none")
+            ax.set_title(f"test {ex['index']}: cross-attention, last layer", fontsize=9)
+            ax.set_xlabel("decoder step")
+            ax.set_ylabel("text position")
+        fig.tight_layout()
+        fig.savefig(self.artifacts_dir / "cross_attention.png", dpi=90)

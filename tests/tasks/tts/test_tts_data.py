@@ -231,6 +231,9 @@ def test_datamodule_normalises_with_training_statistics(tmp_path):
     torch.testing.assert_close(train.mean(0), torch.zeros(80), atol=1e-4, rtol=0)
     spec = dm.spec()
     assert len(spec["mel_mean"]) == 80 and spec["vocabulary"][:3] == ["<pad>", "</s>", "<unk>"]
+    frames = sum(len(m) for m in dm.datasets["train"].mels)
+    symbols = sum(len(t) for t in dm.datasets["train"].tokens)  # the EOS included
+    assert spec["frames_per_symbol"] == pytest.approx(frames / symbols)
     batch = next(iter(dm.val_dataloader()))
     assert batch["tokens"][0, batch["token_lengths"][0] - 1] == EOS
     assert batch["mels"].shape[-1] == 80

@@ -57,6 +57,20 @@ def test_train_and_synthesise(name, dataset, tmp_path):
     assert (artifacts / "cross_attention.png").exists() == (name in ("softmax", "local"))
 
 
+def test_guided_attention_needs_softmax_cross_attention(tmp_path):
+    with pytest.raises(ConfigError, match=r"model.guided_attention=1.0: must be 0 unless the cross-attention is softmax"):
+        train.run(["task=tts", "attention=lavo", "model.guided_attention=1.0", f"run.dir={tmp_path}"])
+
+
+@pytest.mark.slow
+def test_guided_attention_run(dataset, tmp_path):
+    metrics = train.run(["task=tts", "attention=softmax", "model.guided_attention=1.0", f"run.dir={tmp_path}",
+                         f"data.path={dataset}", *TINY])
+    assert np.isfinite(metrics["test_loss"])
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert any("val_attention_loss" in record for record in logged)
+
+
 def test_local_cannot_be_the_cross_attention(tmp_path):
     with pytest.raises(ConfigError, match=r"attention 'local' does not support causal cross-attention \(CC\)"):
         train.run(["task=tts", "attention=local", f"run.dir={tmp_path}"])
@@ -67,6 +81,8 @@ def test_local_cannot_be_the_cross_attention(tmp_path):
     ("model.n_frames_per_step=0", r"model.n_frames_per_step=0: must be >= 1"),
     ("decode.stop_threshold=1.5", r"decode.stop_threshold=1.5: must be in \(0, 1\)"),
     ("data.sample_rate=8000", r"data.sample_rate=8000: must be an integer number of Hz >= 16000"),
+    ("model.text_position_rate=0", r"model.text_position_rate='0': must be auto or a number > 0"),
+    ("model.guided_attention=-1", r"model.guided_attention=-1: must be a number >= 0"),
 ])
 def test_bad_task_keys(arg, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
