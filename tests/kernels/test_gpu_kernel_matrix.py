@@ -149,6 +149,10 @@ def _lavo_case(pattern, dtype, n, m, *, heads=2, dim=64, rank=16, window=32, seg
         mask = torch.ones(batch, m, dtype=torch.bool, device="cuda")
         mask[-1, m // 2:] = False
         mask[0, 0] = False
+    # The kernels take the basis in the inputs' dtype, as autocast takes a linear layer's
+    # weight: the reference gets the same rounded basis (with the fp32 basis as reference, bf16
+    # NC dq is 4.8e-3 - 5.3e-3 from that rounding alone; docs/benchmarks.md).
+    basis = basis.to(dtype).float()
     leaves = [x.to(dtype) for x in (q, k, v)] + [basis, mem_bias] + ([] if rel_bias is None else [rel_bias])
 
     def run(q, k, v, basis, mem_bias, *rel, backend):
