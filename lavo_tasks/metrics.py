@@ -34,8 +34,9 @@ class SumRatio(Metric):
 
     def update(self, numerator: torch.Tensor, denominator: torch.Tensor | float) -> None:
         """Adds the sum of each argument (a tensor of any shape, or a number)."""
-        self.numerator += torch.as_tensor(numerator).detach().to(self.numerator).sum()
-        self.denominator += torch.as_tensor(denominator).detach().to(self.denominator).sum()
+        # as float64 from the start: torch.as_tensor would make a Python float float32
+        self.numerator += torch.as_tensor(numerator, dtype=torch.float64).detach().to(self.numerator).sum()
+        self.denominator += torch.as_tensor(denominator, dtype=torch.float64).detach().to(self.denominator).sum()
 
     def compute(self) -> torch.Tensor:
         """A float64 scalar; ValueError when the denominators sum to 0 (e.g. no update

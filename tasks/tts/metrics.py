@@ -18,7 +18,8 @@ number of synthesised frames (eval_sp's distortion per synthesised frame).
 import numpy as np
 import torch
 import torchaudio
-from torchmetrics.aggregation import SumMetric
+
+from ...metrics import SumRatio
 
 WINDOW_S, HOP_S = 0.05, 0.0125
 N_MELS, N_MFCC, F_MIN = 80, 13, 20.0
@@ -76,32 +77,27 @@ class CorpusDistortion(torch.nn.Module):
     """Accumulates MCD and MSD over utterances: `update(reference, synthesised)` with
     waveforms [samples]; `compute()` -> {"mcd", "msd"} (see the module docstring).
 
-    The corpus sums (the DTW costs and the synthesised frames) are torchmetrics
-    `SumMetric`s in float64: `compute()` adds them up over the processes, so each may
-    score its own share of the test split. It is a collective call: every process
-    makes it. The features are computed where the audio is; the DTW runs on the CPU.
+    Each score is a `lavo_tasks.metrics.SumRatio` (summed DTW costs / synthesised frames,
+    float64): `compute()` adds the sums up over the processes, so each may score its own
+    share of the test split. It is a collective call: every process makes it. The features
+    are computed where the audio is; the DTW runs on the CPU.
     """
 
     def __init__(self, sample_rate: int):
         super().__init__()
         self.features = DistortionFeatures(sample_rate)
-        self.sums = torch.nn.ModuleDict({name: SumMetric().set_dtype(torch.float64)
-                                         for name in ("mcd", "msd", "synthesised_frames")})
+        self.scores = torch.nn.ModuleDict({"mcd": SumRatio(), "msd": SumRatio()})
 
     def reset(self) -> None:
-        for metric in self.sums.values():
+        for metric in self.scores.values():
             metric.reset()
 
     def update(self, reference: torch.Tensor, synthesised: torch.Tensor) -> None:
         ref_mfcc, ref_mel = (f.cpu().numpy() for f in self.features(reference))
         syn_mfcc, syn_mel = (f.cpu().numpy() for f in self.features(synthesised))
-        self.sums["mcd"].update(dtw_cost(rms_distance(ref_mfcc, syn_mfcc)))
-        self.sums["msd"].update(dtw_cost(rms_distance(ref_mel, syn_mel)))
-        self.sums["synthesised_frames"].update(float(len(syn_mfcc)))
+        self.scores["mcd"].update(dtw_cost(rms_distance(ref_mfcc, syn_mfcc)), len(syn_mfcc))
+        self.scores["msd"].update(dtw_cost(rms_distance(ref_mel, syn_mel)), len(syn_mfcc))
 
     def compute(self) -> dict[str, float]:
-        totals = {name: float(metric.compute()) for name, metric in self.sums.items()}
-        frames = totals.pop("synthesised_frames")
-        if not frames:
-            raise ValueError("CorpusDistortion: no utterance was added")
-        return {name: cost / frames for name, cost in totals.items()}
+        """ValueError when no utterance was added on any process."""
+        return {name: float(metric.compute()) for name, metric in self.scores.items()}

@@ -28,11 +28,11 @@ import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure  # not pyplot: no global backend state is touched
 from omegaconf import DictConfig
-from torchmetrics.aggregation import MeanMetric
 
 from ...attention.softmax import SoftmaxAttention
 from ...config import site_attention
 from ...generation import generate_frames
+from ...metrics import Mean
 from ...module import TaskModule
 from .alignment import guided_attention_loss, recorded_cross_weights
 from .audio import GriffinLim, MelConfig, write_wav
@@ -68,7 +68,7 @@ class TTSModule(TaskModule):
         self.vocoder = GriffinLim(self.mel_config)
         rate = self.mel_config.sample_rate
         self.distortion, self.baseline_distortion = CorpusDistortion(rate), CorpusDistortion(rate)
-        self.length_ratio = MeanMetric().set_dtype(torch.float64)
+        self.length_ratio = Mean()
 
     # --- teacher forcing
 
@@ -150,7 +150,7 @@ class TTSModule(TaskModule):
             baseline_audio = self.vocoder(self.mel_mean.expand(ref_len, -1))
             self.distortion.update(ref_audio, syn_audio)
             self.baseline_distortion.update(ref_audio, baseline_audio)
-            self.length_ratio.update(syn_len / ref_len)
+            self.length_ratio.update(torch.tensor(syn_len / ref_len))
             if len(self.examples) < ARTIFACT_UTTERANCES:
                 self.examples.append({
                     "index": int(batch["index"][i]), "reference": reference.cpu(), "synthesised": synthesised.cpu(),
