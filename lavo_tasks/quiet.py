@@ -4,7 +4,8 @@ held back, TF32 matmuls on a GPU.
 Held back, because the choices they question are deliberate: Lightning's advertising
 tip (the runner logs to its own files, `logger=False`); the advice to raise a loader's
 `num_workers` (`data.num_workers` says how many, default 0, configs/train.yaml: the
-tasks cut their items from tensors in memory); and the deprecation of `LeafSpec` that
+tasks cut their items from tensors in memory); the reminder that a test from a checkpoint
+restores no training callbacks (a test needs none); and the deprecation of `LeafSpec` that
 Lightning's own code triggers under this torch.
 """
 
@@ -19,6 +20,7 @@ from omegaconf import DictConfig
 _HELD_WARNINGS = (
     r"The '\w+' does not have many workers",
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    r"Be aware that when using `ckpt_path`, callbacks",
 )
 
 

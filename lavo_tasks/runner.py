@@ -555,9 +555,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if stopper.signum is not None:  # arrived during the last step: training is complete
         raise Interrupted(stopper.signum, trainer.global_step, run_dir)
     checkpoint = best_checkpoint(run_dir)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks")
-        results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint["path"], verbose=False)
+    results = trainer.test(module, datamodule=datamodule, ckpt_path=checkpoint["path"], verbose=False)
     meta = result_meta(cfg, command="train", checkpoint=checkpoint, metric_values=metric_values(module))
     meta["resources"] = resources(module, started, bool(ckpt_path), trainer.strategy.root_device.type == "cuda")
     return write_results(run_dir, results, meta)
@@ -643,10 +641,7 @@ def evaluate(cfg: DictConfig, ckpt: str, overrides: dict | None = None) -> dict[
     out_dir = eval_dir(run_dir, ckpt)
     module.results_dir = out_dir
     banner.release()
-    with warnings.catch_warnings():
-        # Testing needs none of the training callbacks Lightning reminds us of.
-        warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks")
-        results = trainer.test(module, datamodule=datamodule, ckpt_path=str(path), verbose=False)
+    results = trainer.test(module, datamodule=datamodule, ckpt_path=str(path), verbose=False)
     record = {"name": ckpt if ckpt in ("last", "best") else "path", "path": str(path),
               "step": int(checkpoint.get("global_step", -1))}
     meta = result_meta(cfg, command="evaluate", checkpoint=record, metric_values=metric_values(module),
