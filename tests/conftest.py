@@ -14,9 +14,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Two cores in all: under pytest-xdist each of the workers gets its share.
+# Two cores in all: under pytest-xdist each of the workers gets its share, and so do the
+# processes a test starts (notebook kernels, CLI runs, sweep points) through the environment.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-torch.set_num_threads(max(1, min(2, torch.get_num_threads()) // _WORKERS))
+_THREADS = max(1, min(2, torch.get_num_threads()) // _WORKERS)
+torch.set_num_threads(_THREADS)
+os.environ["OMP_NUM_THREADS"] = str(_THREADS)
 
 
 def pytest_collection_modifyitems(config, items):
