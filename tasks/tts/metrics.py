@@ -69,8 +69,11 @@ class DistortionFeatures(torch.nn.Module):
 
     @torch.no_grad()
     def forward(self, audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        log_mel = torch.log(self.mel(audio.float()) + LOG_OFFSET).T  # [80, frames] -> [frames, 80]
-        return log_mel @ self.dct, log_mel
+        """float32 features whatever autocast the caller runs under (bf16-mixed on a GPU
+        would otherwise round the DCT's product, and numpy has no bfloat16)."""
+        with torch.autocast(audio.device.type, enabled=False):
+            log_mel = torch.log(self.mel(audio.float()) + LOG_OFFSET).T  # [80, frames] -> [frames, 80]
+            return log_mel @ self.dct, log_mel
 
 
 class CorpusDistortion(torch.nn.Module):
