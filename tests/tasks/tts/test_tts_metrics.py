@@ -69,6 +69,17 @@ def test_features_are_fairseqs():
     assert mfcc.shape == (RATE // 2 // 275 + 1, 13)
 
 
+def test_features_stay_float32_under_bf16_autocast():
+    # a GPU run tests under bf16-mixed; the features must come out as outside autocast
+    audio = torch.randn(RATE // 2)
+    plain = DistortionFeatures(RATE)(audio)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = DistortionFeatures(RATE)(audio)
+    for a, b in zip(plain, mixed):
+        assert b.dtype == torch.float32
+        torch.testing.assert_close(b, a)
+
+
 def noise(seconds: float, seed: int) -> torch.Tensor:
     return 0.1 * torch.randn(int(seconds * RATE), generator=torch.Generator().manual_seed(seed))
 
