@@ -19,7 +19,10 @@ cross-attention, its weights.
 
 The test metrics are torchmetrics sums, added up over the processes, so a test on
 several devices scores the whole split; the artifacts come from the first process's
-utterances.
+utterances. The mel prenet's inference dropout draws, for each test batch, from the
+random state seeded with `seed` + the batch's first test index (as does the dropout of
+`test_loss`'s teacher-forced pass), so the test does not depend on how many processes
+run it or on what ran before.
 """
 
 from contextlib import nullcontext
@@ -32,7 +35,7 @@ from omegaconf import DictConfig
 from ...attention.softmax import SoftmaxAttention
 from ...config import site_attention
 from ...generation import generate_frames
-from ...metrics import Mean
+from ...metrics import Mean, SumRatio
 from ...module import TaskModule
 from .alignment import guided_attention_loss, recorded_cross_weights
 from .audio import GriffinLim, MelConfig, write_wav
@@ -69,6 +72,7 @@ class TTSModule(TaskModule):
         rate = self.mel_config.sample_rate
         self.distortion, self.baseline_distortion = CorpusDistortion(rate), CorpusDistortion(rate)
         self.length_ratio = Mean()
+        self.test_loss = SumRatio()  # batch losses weighted by their utterances, as Lightning averages a logged value
 
     # --- teacher forcing
 
@@ -136,13 +140,15 @@ class TTSModule(TaskModule):
         return normalised.float() * self.mel_std + self.mel_mean
 
     def on_test_epoch_start(self) -> None:
-        for metric in (self.distortion, self.baseline_distortion, self.length_ratio):
+        for metric in (self.distortion, self.baseline_distortion, self.length_ratio, self.test_loss):
             metric.reset()
         self.examples: list[dict] = []
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        self.log("test_loss", self.losses(batch)["loss"], batch_size=len(batch["tokens"]))
-        mels, lengths, stop_probs = self.synthesise(batch["tokens"], batch["token_lengths"])
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(self.cfg.seed + int(batch["index"][0]))  # the prenet's dropout: see the docstring
+            self.test_loss.update(self.losses(batch)["loss"].detach() * len(batch["tokens"]), len(batch["tokens"]))
+            mels, lengths, stop_probs = self.synthesise(batch["tokens"], batch["token_lengths"])
         for i, (ref_len, syn_len) in enumerate(zip(batch["mel_lengths"].tolist(), lengths.tolist())):
             reference = self.to_log_mel(batch["mels"][i, :ref_len])
             synthesised = self.to_log_mel(mels[i, :syn_len])
@@ -164,6 +170,7 @@ class TTSModule(TaskModule):
         figures = {f"test_{k}": v for k, v in self.distortion.compute().items()}
         figures |= {f"test_baseline_{k}": v for k, v in self.baseline_distortion.compute().items()}
         figures["test_length_ratio"] = float(self.length_ratio.compute())
+        figures["test_loss"] = float(self.test_loss.compute())
         for name, value in figures.items():
             self.log(name, value)
         if self.trainer.is_global_zero:

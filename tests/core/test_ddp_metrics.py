@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from lavo_tasks import train
@@ -39,8 +40,45 @@ def tsf_run(tmp_path):
             "trainer.limit_val_batches=1", "trainer.val_check_interval=2"]
 
 
+def pcc_run(tmp_path):
+    from lavo_tasks.tasks.pcc.data import write_pcd  # (open3d, imported only by this row)
+
+    root, rng = tmp_path / "pcn", np.random.default_rng(0)
+    splits = {"train": ["m0", "m1"], "val": ["m2"], "test": ["m3", "m4", "m5", "m6", "m7"]}  # shares of 3 and 2
+    for split, models in splits.items():
+        for model in models:
+            complete = rng.uniform(-0.5, 0.5, size=(80, 3)).astype(np.float32)
+            write_pcd(root / split / "complete" / "01" / f"{model}.pcd", complete)
+            write_pcd(root / split / "partial" / "01" / model / "00.pcd", complete[:40])
+    (root / "PCN.json").write_text(json.dumps([{"taxonomy_id": "01", "taxonomy_name": "blob", **splits}]))
+    return ["task=pcc", f"data.path={root}", "data.n_input=32", "data.n_gt=64", "data.batch_size=2",
+            "model.d_model=16", "model.n_heads=2", "model.n_proxies=8", "model.n_neighbors=4",
+            "model.encoder_layers=1", "model.decoder_layers=1", "model.n_queries=4", "model.fold_points=4",
+            "model.d_ff=32", "trainer.limit_val_batches=1", "trainer.val_check_interval=2"]
+
+
+def tts_run(tmp_path):
+    import soundfile as sf
+
+    root, rate = tmp_path / "speech", 22_050
+    (root / "wavs").mkdir(parents=True)
+    # LJSpeech-like ids take fairseq's split: LJ001 test (4 utterances: shares of 2), LJ003 val, the rest train
+    ids = [f"LJ001-{i:04d}" for i in range(4)] + ["LJ003-0001"] + [f"LJ004-{i:04d}" for i in range(3)]
+    lines = []
+    for i, uid in enumerate(ids):
+        t = np.arange(int((0.15 + 0.03 * i) * rate)) / rate
+        sf.write(root / "wavs" / f"{uid}.wav", (0.3 * np.sin(2 * np.pi * (180 + 35 * i) * t)).astype(np.float32),
+                 rate, subtype="PCM_16")
+        lines.append(f"{uid}|Tone {i}.|tone {i}.\n")
+    (root / "metadata.csv").write_text("".join(lines))
+    return ["task=tts", f"data.path={root}", "data.batch_size=2", "model.d_model=16", "model.n_heads=2",
+            "model.encoder_layers=1", "model.decoder_layers=1", "model.d_ff=32", "model.conv_channels=8",
+            "model.prenet_dim=8", "decode.max_frames=24", "trainer.limit_val_batches=1",
+            "trainer.val_check_interval=2"]
+
+
 # task -> a function of the test's tmp_path that returns the tiny run's arguments
-TINY_RUNS = {"lm": lm_run, "tsf": tsf_run}
+TINY_RUNS = {"lm": lm_run, "tsf": tsf_run, "pcc": pcc_run, "tts": tts_run}
 
 
 def test_shards_hold_every_item_once_in_order():
