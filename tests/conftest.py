@@ -22,7 +22,18 @@ torch.set_num_threads(_THREADS)
 os.environ["OMP_NUM_THREADS"] = str(_THREADS)
 
 
+def _start_order(item) -> int:
+    """0 for the notebooks (the longest tests), 1 for the other `slow` tests, 2 for the rest."""
+    if "slow" not in item.keywords:
+        return 2
+    return 0 if item.path.name == "test_notebooks.py" else 1
+
+
 def pytest_collection_modifyitems(config, items):
+    # The longest tests first (a stable sort: collection order within each group). Under
+    # pytest-xdist's worksteal each worker then ends on short tests, taken from the other's
+    # queue, instead of one worker running the last notebooks while the other waits.
+    items.sort(key=_start_order)
     if torch.cuda.is_available():
         return
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")

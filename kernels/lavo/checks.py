@@ -1,4 +1,5 @@
-"""Argument checks shared by every LAVO implementation (PyTorch path, reference, Triton).
+"""Argument checks shared by every LAVO implementation (PyTorch path, reference, Triton),
+for whole sequences (`check_lavo_args`) and for one decode step (`check_lavo_step_args`).
 
 `lavo_attn` runs them once before it dispatches, so the implementations behind it may
 assume well-formed inputs. Each message names the argument, its value and what is allowed.
@@ -78,6 +79,29 @@ def _check_cu_seqlens(cu_seqlens, batch: int, n: int, cross: bool) -> None:
     offsets = cu_seqlens.tolist()
     if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != n or any(b < a for a, b in zip(offsets, offsets[1:])):
         raise ValueError(f"cu_seqlens={offsets}: must start at 0, never decrease and end at the time length {n}")
+
+
+def check_lavo_step_args(q, k, v, basis, rel_bias, mem_bias, state, window):
+    """Raise ValueError for any argument `lavo_decode_step` cannot run with (`state` a
+    LavoDecodeState)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape != q.shape:
+            raise ValueError(f"{name}: expected [batch, heads, dim] like q {tuple(q.shape)}, got {tuple(getattr(x, 'shape', ()))}")
+    batch, heads, dim = q.shape
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window={window!r}: must be an integer >= 1")
+    if basis.dim() != 3 or basis.shape[0] != heads or basis.shape[2] != dim:
+        raise ValueError(f"basis {tuple(basis.shape)}: expected [heads={heads}, rank, dim={dim}]")
+    rank = basis.shape[1]
+    if tuple(rel_bias.shape) != (heads, window):
+        raise ValueError(f"rel_bias {tuple(rel_bias.shape)}: causal decoding expects [heads={heads}, window={window}]")
+    if tuple(mem_bias.shape) not in ((heads,), (heads, 1)):
+        raise ValueError(f"mem_bias {tuple(mem_bias.shape)}: expected [heads={heads}]")
+    expected = (batch, heads, window - 1, dim)
+    if tuple(state.keys.shape) != expected or tuple(state.values.shape) != expected:
+        raise ValueError(f"state.keys/values {tuple(state.keys.shape)}: expected {expected} (window - 1 = {window - 1} slots)")
+    if tuple(state.mem_sum.shape) != (batch, heads, rank):
+        raise ValueError(f"state.mem_sum {tuple(state.mem_sum.shape)}: expected {(batch, heads, rank)}")
 
 
 def _describe(x) -> str:

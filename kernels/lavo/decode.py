@@ -10,6 +10,7 @@ import torch
 
 from ..backend import resolve_backend, run_triton
 from .attn import lavo_attn
+from .checks import check_lavo_step_args
 from .torch_path import coefficients, compute_dtype, prefix_means, readout, segment_means
 
 
@@ -51,7 +52,7 @@ def lavo_decode_step(q, k, v, basis, rel_bias, mem_bias, state, *, window, scale
     LavoDecodeState) is left as it was; the state after the token is returned. Cost
     O((w + r) d) per head.
     """
-    _check_step_args(q, k, v, basis, rel_bias, mem_bias, state, window)
+    check_lavo_step_args(q, k, v, basis, rel_bias, mem_bias, state, window)
     def run_torch():
         with torch.autocast(q.device.type, enabled=False):  # float32 matmuls whatever the caller's autocast
             return _torch_step(q, k, v, basis, rel_bias, mem_bias, state, window, scale)
@@ -112,27 +113,6 @@ def _torch_step(q, k, v, basis, rel_bias, mem_bias, state, window, scale):
         keys = keys.index_copy(2, slot, k[:, :, None].to(keys.dtype))
         values = values.index_copy(2, slot, v[:, :, None].to(values.dtype))
     return o[:, :, 0].to(q.dtype), LavoDecodeState(keys, values, mem_sum, t + 1)
-
-
-def _check_step_args(q, k, v, basis, rel_bias, mem_bias, state, window):
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape != q.shape:
-            raise ValueError(f"{name}: expected [batch, heads, dim] like q {tuple(q.shape)}, got {tuple(getattr(x, 'shape', ()))}")
-    batch, heads, dim = q.shape
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window={window!r}: must be an integer >= 1")
-    if basis.dim() != 3 or basis.shape[0] != heads or basis.shape[2] != dim:
-        raise ValueError(f"basis {tuple(basis.shape)}: expected [heads={heads}, rank, dim={dim}]")
-    rank = basis.shape[1]
-    if tuple(rel_bias.shape) != (heads, window):
-        raise ValueError(f"rel_bias {tuple(rel_bias.shape)}: causal decoding expects [heads={heads}, window={window}]")
-    if tuple(mem_bias.shape) not in ((heads,), (heads, 1)):
-        raise ValueError(f"mem_bias {tuple(mem_bias.shape)}: expected [heads={heads}]")
-    expected = (batch, heads, window - 1, dim)
-    if tuple(state.keys.shape) != expected or tuple(state.values.shape) != expected:
-        raise ValueError(f"state.keys/values {tuple(state.keys.shape)}: expected {expected} (window - 1 = {window - 1} slots)")
-    if tuple(state.mem_sum.shape) != (batch, heads, rank):
-        raise ValueError(f"state.mem_sum {tuple(state.mem_sum.shape)}: expected {(batch, heads, rank)}")
 
 
 class LavoSource(NamedTuple):

@@ -35,8 +35,16 @@ def lm_run(tmp_path):
 
 
 def tsf_run(tmp_path):
-    return ["task=tsf", "model.d_model=16", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1",
-            "model.d_ff=32", "data.seq_len=16", "data.label_len=8", "data.pred_len=4", "data.batch_size=64",
+    # 400 hourly rows, fewer than an ETTh file: split 70/10/20 %, so the test reads rows
+    # 304..399 (seq_len before its 80), 77 windows, 5 batches (the last one partial);
+    # the default series has 14,400 rows to generate and 2,880 to test
+    rows = 400
+    series = tmp_path / "series.csv"
+    hours = [f"2020-01-{1 + i // 24:02d} {i % 24:02d}:00:00" for i in range(rows)]
+    # periods of 23 and 13 hours, not 24: the seasonal-naive error of MASE is not 0
+    series.write_text("date,a,OT\n" + "".join(f"{d},{(i * 7) % 23}.0,{(i * i) % 13}.5\n" for i, d in enumerate(hours)))
+    return ["task=tsf", f"data.path={series}", "model.d_model=16", "model.n_heads=2", "model.encoder_layers=1",
+            "model.decoder_layers=1", "model.d_ff=32", "data.seq_len=16", "data.label_len=8", "data.pred_len=4", "data.batch_size=16",
             "trainer.limit_val_batches=1", "trainer.val_check_interval=2"]
 
 

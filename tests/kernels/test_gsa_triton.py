@@ -190,15 +190,20 @@ def test_decode_steps_match_reference():
         torch.testing.assert_close(s.double(), r, rtol=0, atol=TOL * r.abs().max().item())
 
 
-@pytest.mark.parametrize("span", [0.0, chunk.SPAN])
-def test_head_dims_and_slots_up_to_256(monkeypatch, span):
-    """Head dims over one column block (64; 32 with more than 128 slots) and 256 slots:
-    products by blocks, both diagonal paths; two chunks, states in and out."""
+@pytest.mark.parametrize(
+    "span, dk, dv, slots, n",
+    [(chunk.SPAN, 256, 130, 256, 70), (0.0, 100, 256, 70, 20)],
+    ids=["256 slots, two chunks, products", "dv 256, row loop"],
+)
+def test_head_dims_and_slots_up_to_256(monkeypatch, span, dk, dv, slots, n):
+    """Head dims over one column block (64; 32 with more than 128 slots), partial column
+    blocks and 256 slots: products by blocks, states in and out. The pairs inside a
+    sub-chunk take the products (default SPAN) in the widest case, over two chunks, and
+    the row loop (SPAN 0), the slower one under the interpreter, in the other; both
+    paths on one shape: test_both_diagonal_paths."""
     monkeypatch.setattr(chunk, "SPAN", span)
-    xs = _inputs(1, 70, 70, dk=256, dv=130, slots=256, seed=15)
-    _assert_matches_reference(xs, _states(1, 1, 256, 130, 256))
-    xs = _inputs(1, 20, 20, dk=100, dv=256, slots=70, seed=16)
-    _assert_matches_reference(xs, _states(1, 1, 100, 256, 70))
+    xs = _inputs(1, n, n, dk=dk, dv=dv, slots=slots, seed=15 if n > 64 else 16)
+    _assert_matches_reference(xs, _states(1, 1, dk, dv, slots))
 
 
 def test_uncovered_cases_raise_not_implemented():

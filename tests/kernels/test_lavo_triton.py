@@ -136,9 +136,10 @@ def test_packed_sequences_in_self_attention_window_tables(causal, window, bounds
     )
 
 
-@pytest.mark.parametrize("causal, window, n", [(False, 66, 60), (True, 200, 70)])
+@pytest.mark.parametrize("causal, window, n", [(False, 66, 60), (True, 70, 40)])
 def test_windows_past_two_chunks_and_past_the_sequence(causal, window, n):
     # NS with HALF = 33 > 2 chunks (KB0 = 3); CS with a window longer than the sequence
+    # (KB0 = 5 key blocks before each of its 3 chunks, all of them before its start)
     inputs = make_inputs(2, n, n, 2, 8, 4, window, causal, seed=window)
     mask = random_mask(2, n, seed=n, keep_first=True)
     check_against_reference(small_chunks, inputs, **options(window, causal=causal, kv_mask=mask))

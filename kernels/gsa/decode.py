@@ -1,0 +1,39 @@
+"""`gsa_decode_step`: one GSA decode step on a constant-size state, checked and
+dispatched to a backend ("triton": `recurrent.recurrent_gsa_step`, imported on first
+use; "torch": `torch_path.torch_gsa_step`; the same fallback rule as `gsa_attn`).
+"""
+
+from ..backend import resolve_backend, run_triton
+from .checks import check_scale, check_state, check_tensor
+from .torch_path import torch_gsa_step
+
+
+def gsa_decode_step(q, k, v, log_alpha, state, *, scale=None, backend="auto"):
+    """One decode step: write (k, v, log_alpha) into the state, then read it with q.
+
+    q [B,H,dk]; k [B,H,dk]; v [B,H,dv]; log_alpha [B,H,M]; state (K~ [B,H,M,dk],
+    V~ [B,H,M,dv]) in fp32. Returns (o [B,H,dv] in q's dtype, new state in fp32; fp64 for
+    fp64 inputs on the PyTorch path).
+    """
+    check_tensor("q", q, 3, "[B,H,dk]")
+    check_tensor("k", k, 3, "[B,H,dk]")
+    check_tensor("v", v, 3, "[B,H,dv]")
+    check_tensor("log_alpha", log_alpha, 3, "[B,H,M]")
+    (batch, heads, dk), dv, slots = q.shape, v.shape[-1], log_alpha.shape[-1]
+    if k.shape != q.shape or v.shape[:2] != (batch, heads) or log_alpha.shape[:2] != (batch, heads):
+        raise ValueError(f"gsa_decode_step: inconsistent shapes q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}, log_alpha {tuple(log_alpha.shape)}")
+    if any(x.device != q.device for x in (k, v, log_alpha)):
+        raise ValueError("gsa_decode_step: q, k, v, log_alpha must be on one device")
+    check_state("state", state, batch, heads, slots, dk, dv, q.device)
+    check_scale(scale)
+    scale = dk ** -0.5 if scale is None else float(scale)
+    run_torch = lambda: torch_gsa_step(q, k, v, log_alpha, state, scale=scale)  # noqa: E731
+    if resolve_backend(backend, q) == "triton":
+        def run_kernel():
+            from .recurrent import recurrent_gsa_step
+
+            return recurrent_gsa_step(q, k, v, log_alpha, state, scale=scale)
+
+        return run_triton(backend, "gsa_decode_step", run_kernel, run_torch)
+    return run_torch()
