@@ -117,6 +117,37 @@ def test_default_series_written_once_and_read_back(tmp_path):
     assert again.read_bytes() == path.read_bytes()  # deterministic, whatever the run's seed
 
 
+def test_default_series_drifts_between_the_splits(tmp_path, monkeypatch):
+    """The README's claim: the embedded default's later months have a level and scale the
+    training months never show. Checked on the file with numpy and the ETTh borders
+    written out here, and the drift itself against the undrifted series rebuilt by hand."""
+    drifted = tmp_path / "drifted.csv"
+    write_default_csv(drifted)
+    values = pd.read_csv(drifted).drop(columns="date").to_numpy()  # [14400, 7]
+    train, val, test = values[:8640], values[8640:11520], values[11520:14400]
+    mean, std = train.mean(axis=0), train.std(axis=0)
+    for later, min_scale, min_level in ((val, 1.1, 0.4), (test, 1.2, 0.6)):
+        assert (later.std(axis=0) / std > min_scale).all()  # every channel swings wider
+        assert (np.abs(later.mean(axis=0) - mean) / std > min_level).all()  # and sits elsewhere
+
+    # The same recipe and seed without drift: each channel's deviations from its mean,
+    # scaled by 1 + (1.6 - 1) * t, plus a level of +-1.5 of its std times t, t = 0 .. 1.
+    monkeypatch.setattr(tsf.data, "DRIFT_SCALE", 1.0)
+    monkeypatch.setattr(tsf.data, "DRIFT_LEVEL", 0.0)
+    plain = tmp_path / "plain.csv"
+    write_default_csv(plain)
+    base = pd.read_csv(plain).drop(columns="date").to_numpy()
+    t = np.linspace(0.0, 1.0, len(base))[:, None]
+    centred = base - base.mean(axis=0)
+    shift = values - (base.mean(axis=0) + centred * (1 + 0.6 * t))  # the level part alone, [rows, 7]
+    level = shift[-1] / base.std(axis=0)
+    np.testing.assert_allclose(np.abs(level), 1.5, atol=1e-3)
+    np.testing.assert_allclose(shift, t * shift[-1], atol=2e-4)  # 4-decimal rounding of both files
+    # Without drift the splits are alike: the checks above would fail on this series.
+    b_train, b_test = base[:8640], base[11520:14400]
+    assert (b_test.std(axis=0) / b_train.std(axis=0) < 1.1).all()
+
+
 def test_train_batches_follow_the_step(tmp_path):
     path = write_csv(tmp_path / "d.csv", 200, "D")
     dm = setup(config(tmp_path, path, seq_len=8, label_len=4, pred_len=2))
