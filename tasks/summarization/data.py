@@ -33,7 +33,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
-from lavo_tasks.data import StepBatchSampler
+from lavo_tasks.data import ShardSampler, StepBatchSampler
 from lavo_tasks.errors import ConfigError, DataError
 from lavo_tasks.files import write_atomically
 from lavo_tasks.text.token_cache import MappedStream, cached_token_stream, file_source
@@ -313,5 +313,8 @@ class SummarizationDataModule(L.LightningDataModule):
                           collate_fn=self._collate, num_workers=self.cfg.data.num_workers)
 
     def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.dataset("test", texts=True), batch_size=self.cfg.data.batch_size, shuffle=False,
+        """Each process reads its own share of the test examples (ShardSampler; the
+        module's metrics sum over the processes)."""
+        pairs = self.dataset("test", texts=True)
+        return DataLoader(pairs, batch_size=self.cfg.data.batch_size, sampler=ShardSampler(len(pairs)), shuffle=False,
                           collate_fn=self._collate, num_workers=self.cfg.data.num_workers)

@@ -13,25 +13,29 @@ included). Artifacts: `summaries.csv` (every test example) and
 `summaries.md` (the first TABLE_ROWS) with a source excerpt, the reference, the lead
 and the generated summary.
 
-Test metrics are accumulated in this process: with several devices each computes them
-on its share of the examples, so run the test on one device.
+The test metrics are torchmetrics sums (lavo_tasks.metrics, metrics.Rouge), added up
+over the processes: with several devices each process decodes its share of the test
+examples (the loader shards them) and every process gets the metrics of the whole
+split. The tables gather the rows of every process onto the first.
 """
 
 import csv
 import io
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from lavo_tasks.config import site_attention
 from lavo_tasks.files import write_atomically
 from lavo_tasks.generation import generate
+from lavo_tasks.metrics import Mean, SumRatio
 from lavo_tasks.module import TaskModule
 from lavo_tasks.plots import attention_label
 from lavo_tasks.text.tokenizer import tokenizer_from_spec
 
-from .metrics import RougeAverage, lead
+from .metrics import Rouge, lead
 from .model import Summarizer
 
 TABLE_ROWS = 20
@@ -52,6 +56,10 @@ class SummarizationModule(TaskModule):
             decoder_attention=site_attention(cfg, "decoder_attention"),
             cross_attention=site_attention(cfg, "cross_attention"), cross_causal=m.cross_causal,
         )
+        stemming = cfg.metrics.rouge_stemming
+        self.val_nll, self.test_nll = SumRatio(), SumRatio()  # NLL summed over tokens / tokens
+        self.rouge, self.lead_rouge = Rouge(stemming), Rouge(stemming)
+        self.generated_len, self.reference_len = Mean(), Mean()  # tokens per example
 
     def token_losses(self, batch: dict, label_smoothing: float = 0.0) -> torch.Tensor:
         """Cross-entropy of each real target token [N] (padding dropped)."""
@@ -67,22 +75,19 @@ class SummarizationModule(TaskModule):
 
     # -- validation: the NLL per target token over the evaluated batches
     def on_validation_epoch_start(self) -> None:
-        self.val_nll = [0.0, 0]
+        self.val_nll.reset()
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         nll = self.token_losses(batch)
-        self.val_nll[0] += float(nll.double().sum())
-        self.val_nll[1] += nll.numel()
+        self.val_nll.update(nll, nll.numel())
 
     def on_validation_epoch_end(self) -> None:
-        self.log("val_loss", self.val_nll[0] / self.val_nll[1], prog_bar=True)
+        self.log("val_loss", float(self.val_nll.compute()), prog_bar=True)
 
     # -- test: NLL, generated summaries, ROUGE of the model and of the lead baseline
     def on_test_epoch_start(self) -> None:
-        stemming = self.cfg.metrics.rouge_stemming
-        self.test_nll = [0.0, 0]
-        self.rouge, self.lead_rouge = RougeAverage(stemming), RougeAverage(stemming)
-        self.lengths = {"generated": 0, "reference": 0}
+        for metric in (self.test_nll, self.rouge, self.lead_rouge, self.generated_len, self.reference_len):
+            metric.reset()
         self.rows = []
 
     @torch.no_grad()
@@ -103,33 +108,40 @@ class SummarizationModule(TaskModule):
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         nll = self.token_losses(batch)
-        self.test_nll[0] += float(nll.double().sum())
-        self.test_nll[1] += nll.numel()
+        self.test_nll.update(nll, nll.numel())
         generated, lengths = self.summarize(batch["source"], batch["source_mask"])
         references = batch["reference"]
         leads = [lead(source, reference) for source, reference in zip(batch["source_text"], references)]
         self.rouge.update(generated, references)
         self.lead_rouge.update(leads, references)
-        self.lengths["generated"] += int(lengths.sum())
-        self.lengths["reference"] += int(batch["target_mask"].sum())
+        self.generated_len.update(lengths)
+        self.reference_len.update(batch["target_mask"].sum(dim=1))
         for source, reference, lead_text, summary in zip(batch["source_text"], references, leads, generated):
             self.rows.append((source[:SOURCE_EXCERPT_CHARS], reference, lead_text, summary))
 
     def on_test_epoch_end(self) -> None:
-        count = self.rouge.count
-        metrics = {"test_loss": self.test_nll[0] / self.test_nll[1],
-                   "test_generated_len": self.lengths["generated"] / count,
-                   "test_reference_len": self.lengths["reference"] / count}
+        metrics = {"test_loss": self.test_nll.compute(), "test_generated_len": self.generated_len.compute(),
+                   "test_reference_len": self.reference_len.compute()}
         metrics |= {f"test_{name}": value for name, value in self.rouge.compute().items()}
         metrics |= {f"test_lead_{name}": value for name, value in self.lead_rouge.compute().items()}
-        self.log_dict(metrics)
+        self.log_dict({name: float(value) for name, value in metrics.items()})
+        rows = self.gathered_rows()
         if self.trainer.is_global_zero:
-            self.write_tables()
+            self.write_tables(rows)
 
-    def write_tables(self) -> None:
+    def gathered_rows(self) -> list[tuple]:
+        """The table rows of every process, in the order of the test split (the shares are
+        contiguous and in rank order); a collective call under several processes."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return self.rows
+        shares = [None] * dist.get_world_size()
+        dist.all_gather_object(shares, self.rows)
+        return [row for share in shares for row in share]
+
+    def write_tables(self, rows: list[tuple]) -> None:
         header = ("source (excerpt)", "reference", "lead", "generated")
         text = io.StringIO()
-        csv.writer(text).writerows([header, *self.rows])
+        csv.writer(text).writerows([header, *rows])
         payload = text.getvalue().encode("utf-8")
         write_atomically(self.artifacts_dir / "summaries.csv", lambda f: f.write(payload))
 
@@ -139,12 +151,12 @@ class SummarizationModule(TaskModule):
         d = self.cfg.decode
         lines = [
             f"# Test summaries: attention {attention_label(self.cfg)}, "
-            f"{'greedy' if d.beam == 1 else f'beam {d.beam}'}, the first {min(TABLE_ROWS, len(self.rows))} "
-            f"of {len(self.rows)} (all in summaries.csv)",
+            f"{'greedy' if d.beam == 1 else f'beam {d.beam}'}, the first {min(TABLE_ROWS, len(rows))} "
+            f"of {len(rows)} (all in summaries.csv)",
             "",
             "| " + " | ".join(header) + " |",
             "|" + "---|" * len(header),
-            *("| " + " | ".join(cell(v) for v in row) + " |" for row in self.rows[:TABLE_ROWS]),
+            *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows[:TABLE_ROWS]),
         ]
         payload = ("\n".join(lines) + "\n").encode("utf-8")
         write_atomically(self.artifacts_dir / "summaries.md", lambda f: f.write(payload))

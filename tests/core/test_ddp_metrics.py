@@ -85,8 +85,25 @@ def tts_run(tmp_path):
             "trainer.val_check_interval=2"]
 
 
+def summarization_run(tmp_path):
+    data = tmp_path / "news"  # small files: the embedded default reads the whole standard library
+    data.mkdir()
+    words = "alpha beta gamma delta epsilon zeta eta theta".split()
+    for split, n in (("train", 8), ("val", 2), ("test", 5)):
+        # documents of 1-3 words, so the lead (the first words, as many as the summary's) scores
+        # differently on different examples and a share's mean differs from the split's
+        docs = [[" ".join(words[(i + 3 * d + k) % len(words)] for k in range(1 + (i + d) % 3)) for d in range(2)]
+                for i in range(n)]
+        (data / f"{split}.src").write_text("".join(" ||||| ".join(pair) + "\n" for pair in docs))
+        (data / f"{split}.tgt").write_text("".join(" ".join(doc.split()[0] for doc in pair) + "\n" for pair in docs))
+    return ["task=summarization", f"data.path={data}", "data.tokenizer=byte", "data.batch_size=2",
+            "model.d_model=16", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1",
+            "model.d_ff=32", "decode.max_len=6", "decode.beam=2", "trainer.limit_val_batches=1",
+            "trainer.val_check_interval=2"]
+
+
 # task -> a function of the test's tmp_path that returns the tiny run's arguments
-TINY_RUNS = {"lm": lm_run, "tsf": tsf_run, "pcc": pcc_run, "tts": tts_run}
+TINY_RUNS = {"lm": lm_run, "pcc": pcc_run, "summarization": summarization_run, "tsf": tsf_run, "tts": tts_run}
 
 
 def test_shards_hold_every_item_once_in_order():
