@@ -9,9 +9,10 @@ from typing import NamedTuple
 import torch
 
 from ..backend import resolve_backend, run_triton
+from ..common import compute_dtype
 from .attn import lavo_attn
 from .checks import check_lavo_step_args
-from .torch_path import coefficients, compute_dtype, prefix_means, readout, segment_means
+from .torch_path import coefficients, prefix_means, readout, segment_means
 
 
 class LavoDecodeState(NamedTuple):
@@ -40,8 +41,8 @@ class LavoDecodeState(NamedTuple):
     def empty(cls, batch: int, heads: int, head_dim: int, rank: int, window: int, *, dtype=torch.float32, device=None):
         """The state before the first token."""
         ring = torch.zeros(batch, heads, window - 1, head_dim, dtype=dtype, device=device)
-        sum_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        return cls(ring, ring.clone(), torch.zeros(batch, heads, rank, dtype=sum_dtype, device=device), 0)
+        sums = torch.zeros(batch, heads, rank, dtype=compute_dtype(dtype), device=device)
+        return cls(ring, ring.clone(), sums, 0)
 
 
 def lavo_decode_step(q, k, v, basis, rel_bias, mem_bias, state, *, window, scale=None, backend="auto"):
@@ -136,7 +137,7 @@ def lavo_source(k, v, basis, *, causal, segments=1, kv_mask=None) -> LavoSource:
 
 
 def _source(k, v, basis, causal, segments, kv_mask):
-    cdt = compute_dtype(k, v, basis)
+    cdt = compute_dtype(k.dtype, v.dtype, basis.dtype)
     keys, values = (x.transpose(1, 2).to(cdt) for x in (k, v))  # [B, H, m, d]
     valid = torch.ones(k.shape[:2], dtype=cdt, device=k.device) if kv_mask is None else kv_mask.to(cdt)
     c = coefficients(values, basis.to(cdt)) * valid[:, None, :, None]  # [B, H, m, r]

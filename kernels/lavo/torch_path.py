@@ -15,6 +15,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..common import compute_dtype
+
 
 def torch_lavo_attn(q, k, v, basis, rel_bias, mem_bias, *, window, causal, cross, segments, scale, kv_mask, cu_seqlens):
     """`lavo_attn` on the PyTorch path (same arguments, without `backend`). Autocast is
@@ -31,7 +33,7 @@ def _unpacked(q, k, v, basis, rel_bias, mem_bias, window, causal, cross, segment
     out_dtype = q.dtype
     if n == 0:
         return torch.zeros_like(q)
-    cdt = compute_dtype(q, k, v, basis)
+    cdt = compute_dtype(q.dtype, k.dtype, v.dtype, basis.dtype)
     scale = dim**-0.5 if scale is None else scale
     q, k, v = (x.transpose(1, 2).to(cdt) for x in (q, k, v))  # [B, H, T, d]
     basis = basis.to(cdt)
@@ -59,11 +61,6 @@ def _unpacked(q, k, v, basis, rel_bias, mem_bias, window, causal, cross, segment
     if not cross:
         o = o * valid[:, None, :, None]  # padded queries output 0
     return o.transpose(1, 2).to(out_dtype)
-
-
-def compute_dtype(*tensors) -> torch.dtype:
-    """float64 if any input is float64, else float32 (fp32 accumulation for bf16/fp16)."""
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def coefficients(v, basis):
