@@ -36,6 +36,7 @@ import triton
 from ..common import KERNEL_DTYPES, interpreted, tile_width
 from . import chunk_kernels as K
 from . import whole_chunk_kernels as W
+from .state import GsaState
 from .torch_path import read_state
 
 BT = 64  # positions per chunk (a state is kept at every chunk start)
@@ -282,7 +283,7 @@ def _causal(q, k, v, g, initial_state, output_final_state, lengths, scale):
     o, hk, hv = _CausalGSA.apply(
         *(x.contiguous().reshape(batch * length, heads, x.shape[-1]) for x in (q, k, v, g)),
         h0k, h0v, scale, tuple(lengths), output_final_state)
-    return o.reshape(batch, length, heads, -1), ((hk, hv) if output_final_state else None)
+    return o.reshape(batch, length, heads, -1), (GsaState(hk, hv) if output_final_state else None)
 
 
 def _reverse(x, lengths):

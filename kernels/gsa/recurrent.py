@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from ..common import KERNEL_DTYPES, tile_width
+from .state import GsaState
 
 
 @triton.jit
@@ -47,9 +48,9 @@ def _decode_step_kernel(
 
 
 def recurrent_gsa_step(q, k, v, log_alpha, state, *, scale=None):
-    """One decode step. q, k [B,H,dk]; v [B,H,dv]; log_alpha [B,H,M]; state (K~ [B,H,M,dk],
-    V~ [B,H,M,dv]) fp32 (validated by `gsa_decode_step`). Returns (o [B,H,dv] in q's dtype,
-    new state in fp32); the old state tensors are left unchanged."""
+    """One decode step. q, k [B,H,dk]; v [B,H,dv]; log_alpha [B,H,M]; state a `GsaState`
+    (K~ [B,H,M,dk], V~ [B,H,M,dv]) in fp32 (validated by `gsa_decode_step`). Returns (o
+    [B,H,dv] in q's dtype, the new GsaState in fp32); the old state tensors are left unchanged."""
     batch, heads, dk = q.shape
     dv, slots = v.shape[-1], log_alpha.shape[-1]
     if q.dtype not in KERNEL_DTYPES:
@@ -62,4 +63,4 @@ def recurrent_gsa_step(q, k, v, log_alpha, state, *, scale=None):
     _decode_step_kernel[(batch * heads,)](
         q.contiguous(), k.contiguous(), v.contiguous(), log_alpha.contiguous(), sk, sv, new_sk, new_sv, o,
         scale, slots, dk, dv, BM=bm, BK=bk, BV=bv, num_warps=4 if bm * max(bk, bv) <= 8192 else 8)
-    return o, (new_sk, new_sv)
+    return o, GsaState(new_sk, new_sv)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..common import compute_dtype
+from .state import GsaState
 
 CHUNK = 16  # positions per chunk (a power of 2); the states are carried from chunk to chunk
 
@@ -199,13 +200,13 @@ def torch_gsa_attn(q, k, v, log_alpha, *, causal, cross, scale, initial_state,
     o = o.transpose(1, 2)
     if cu_seqlens is not None:  # padded [N, longest] -> packed [1, total]
         o = o[in_sequence][None]
-    return o.to(out_dtype), (final if output_final_state else None)
+    return o.to(out_dtype), (GsaState(*final) if output_final_state else None)
 
 
 def torch_gsa_step(q, k, v, log_alpha, state, *, scale):
     """`gsa_decode_step` with backend "torch": one write, then one read.
 
-    q, k [B,H,dk]; v [B,H,dv]; log_alpha [B,H,M]; state (K~ [B,H,M,dk], V~ [B,H,M,dv]).
+    q, k [B,H,dk]; v [B,H,dv]; log_alpha [B,H,M]; state a `GsaState` (or a pair).
     """
     dtype = compute_dtype(q.dtype)
     q_, k_, v_, log_alpha = (x.to(dtype) for x in (q, k, v, log_alpha))
@@ -213,4 +214,4 @@ def torch_gsa_step(q, k, v, log_alpha, state, *, scale):
     state_k = alpha * state[0].to(dtype) + write * k_[:, :, None, :]
     state_v = alpha * state[1].to(dtype) + write * v_[:, :, None, :]
     o = read_state(q_[:, :, None, :], state_k, state_v, scale)[:, :, 0]
-    return o.to(q.dtype), (state_k, state_v)
+    return o.to(q.dtype), GsaState(state_k, state_v)

@@ -1,5 +1,5 @@
 """LAVO decode step on Triton: one causal-self token per call, on the constant-size
-`LavoDecodeState` (decode.py says the layout and the update rule).
+`LavoDecodeState` (state.py says the layout and the update rule).
 
 One program per (batch row, head): the memory sum takes B v_t, the r memory logits come
 from h = sum / (t + 1), then the ring buffer's filled slots (in blocks, one online
@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ..common import tile_width
-from .decode import LavoDecodeState
+from .state import LavoDecodeState
 
 RING_BLOCK = 64  # buffer slots per step of the loop over the ring
 
