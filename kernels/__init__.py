@@ -7,10 +7,11 @@ slow token-loop references the tests compare against are in `lavo/reference.py` 
 """
 
 from .backend import resolve_backend
-from .gsa import gsa_attn, gsa_decode_step
+from .gsa import GsaState, gsa_attn, gsa_decode_step
 from .lavo import LavoDecodeState, lavo_attn, lavo_decode_step
 
 __all__ = [
+    "GsaState",
     "gsa_attn",
     "gsa_decode_step",
     "lavo_attn",

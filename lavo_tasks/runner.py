@@ -43,6 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import tasks
 from .errors import ConfigError
 from .files import write_atomically
+from .kernels.common import interpreted
 from .plots import attention_label, plot_loss_curve
 from .provenance import checkpoint_record, first_difference, model_identity, result_meta, run_attention
 from .quiet import StepProgressBar, quiet_lightning, set_fast_matmuls, uses_gpu
@@ -347,7 +348,7 @@ def check_machine(cfg: DictConfig) -> None:
     a CUDA GPU (or Triton's interpreter, TRITON_INTERPRET=1); CPU processes are at most
     one per core."""
     gpu = uses_gpu(cfg)
-    if not gpu and os.environ.get("TRITON_INTERPRET") != "1":
+    if not gpu and not interpreted():
         for site, attention in run_attention(cfg).items():
             if attention.get("backend") == "triton":
                 where = "" if site == "attention" else f" (at {site})"

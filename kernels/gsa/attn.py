@@ -22,7 +22,8 @@ def gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, initia
     initial_state (K~ [B,H,M,dk], V~ [B,H,M,dv], B = N with cu_seqlens) seeds the
     left-to-right scan. An empty source (S = 0) needs no kernel and runs on the PyTorch
     path: the final state is the initial one, and cross-attention queries read it.
-    Returns (o [B,T,H,dv] in q's dtype, final state in fp32 (fp64 for fp64 inputs) or None).
+    Returns (o [B,T,H,dv] in q's dtype, the final GsaState in fp32 (fp64 for fp64 inputs)
+    or None).
     """
     check_gsa_args(q, k, v, log_alpha, cross, initial_state, kv_mask, cu_seqlens)
     check_scale(scale)

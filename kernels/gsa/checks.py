@@ -17,7 +17,8 @@ def check_tensor(name, x, ndim, layout):
 
 def check_state(name, state, batch, heads, slots, dk, dv, device):
     if not isinstance(state, (tuple, list)) or len(state) != 2:
-        raise ValueError(f"gsa: {name} must be a pair (K~ [B,H,M,dk], V~ [B,H,M,dv]); got {type(state).__name__}")
+        raise ValueError(f"gsa: {name} must be a GsaState or a pair (K~ [B,H,M,dk], V~ [B,H,M,dv]); "
+                         f"got {type(state).__name__}")
     for part, x, d in (("K~", state[0], dk), ("V~", state[1], dv)):
         want = (batch, heads, slots, d)
         if not isinstance(x, torch.Tensor) or tuple(x.shape) != want or not x.is_floating_point():

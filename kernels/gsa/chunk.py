@@ -29,13 +29,14 @@ gives the same layout with unequal lengths. Inputs are validated by `gsa_attn`.
 """
 
 import functools
-import os
 
 import torch
 import triton
 
+from ..common import KERNEL_DTYPES, interpreted, tile_width
 from . import chunk_kernels as K
 from . import whole_chunk_kernels as W
+from .state import GsaState
 from .torch_path import read_state
 
 BT = 64  # positions per chunk (a state is kept at every chunk start)
@@ -60,7 +61,7 @@ MAX_DIM = 256  # head dims and slot counts the kernels take
 COL_BLOCK = 64
 # Triton's interpreter (numpy 2) cannot run `for` loops with run-time bounds; the
 # sequential scans then use `while` loops, which the compiler does not software-pipeline.
-WHILE_LOOPS = os.environ.get("TRITON_INTERPRET") == "1"
+WHILE_LOOPS = interpreted()
 
 
 @functools.lru_cache(maxsize=64)
@@ -88,10 +89,6 @@ def _layout(lengths: tuple, device: torch.device):
     to = dict(dtype=torch.int64, device=device)  # int64 offsets: no overflow at any length
     return (cu.to(**to), coff.to(**to), chunks.contiguous().to(**to), chunk_seq.to(**to), sub.contiguous().to(**to),
             int(coff[-1]), int(sub.shape[0]))
-
-
-def _block(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))
 
 
 # Dot precision for bf16 / fp16 inputs, one per family (fp32 inputs run "ieee" in both):
@@ -127,7 +124,7 @@ class _Config:
     """Block sizes, warps and dot precisions for one call."""
 
     def __init__(self, dk, dv, slots, dtype):
-        self.BK, self.BV, self.BM = _block(dk), _block(dv), _block(slots)
+        self.BK, self.BV, self.BM = tile_width(dk), tile_width(dv), tile_width(slots)
         self.whole = self.BM <= WHOLE_MAX_SLOTS and max(self.BK, self.BV) <= WHOLE_MAX_DIM
         if self.whole:
             self.BK, self.BV, self.BM = (max(b, WHOLE_MIN_TILE) for b in (self.BK, self.BV, self.BM))
@@ -286,7 +283,7 @@ def _causal(q, k, v, g, initial_state, output_final_state, lengths, scale):
     o, hk, hv = _CausalGSA.apply(
         *(x.contiguous().reshape(batch * length, heads, x.shape[-1]) for x in (q, k, v, g)),
         h0k, h0v, scale, tuple(lengths), output_final_state)
-    return o.reshape(batch, length, heads, -1), ((hk, hv) if output_final_state else None)
+    return o.reshape(batch, length, heads, -1), (GsaState(hk, hv) if output_final_state else None)
 
 
 def _reverse(x, lengths):
@@ -312,7 +309,7 @@ def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, 
     Raises NotImplementedError for what these kernels do not cover: float64 inputs,
     head dims or slot counts above 256 (the dispatcher then falls back to PyTorch).
     """
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if q.dtype not in KERNEL_DTYPES:
         raise NotImplementedError(f"chunk_gsa_attn: dtype {q.dtype}; the Triton kernels take fp16, bf16, fp32")
     dk, dv, slots = q.shape[-1], v.shape[-1], log_alpha.shape[-1]
     if max(dk, dv, slots) > MAX_DIM:

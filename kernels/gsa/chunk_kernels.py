@@ -30,15 +30,15 @@ products: about 21 or 16 significant bits), "tf32" (11) or "bf16" (operands roun
 bf16, 8); accumulation is fp32 in all.
 """
 
-import os
-
 import triton
 import triton.language as tl
+
+from ..common import interpreted
 
 # Triton's interpreter multiplies the raw bits of bf16 dot operands, rounds fp32 to bf16
 # toward zero and has no "bf16x3": there `_dot` rounds operands to the nearest bf16 value
 # (`_round_bf16`) and multiplies them in fp32 (products of two bf16 values are exact).
-_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+_INTERPRETED = tl.constexpr(interpreted())
 
 
 @triton.jit

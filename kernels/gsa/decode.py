@@ -1,6 +1,7 @@
 """`gsa_decode_step`: one GSA decode step on a constant-size state, checked and
 dispatched to a backend ("triton": `recurrent.recurrent_gsa_step`, imported on first
-use; "torch": `torch_path.torch_gsa_step`; the same fallback rule as `gsa_attn`).
+use; "torch": `torch_path.torch_gsa_step`; the same fallback rule as `gsa_attn`). The
+state is in `state.py`.
 """
 
 from ..backend import resolve_backend, run_triton
@@ -11,9 +12,9 @@ from .torch_path import torch_gsa_step
 def gsa_decode_step(q, k, v, log_alpha, state, *, scale=None, backend="auto"):
     """One decode step: write (k, v, log_alpha) into the state, then read it with q.
 
-    q [B,H,dk]; k [B,H,dk]; v [B,H,dv]; log_alpha [B,H,M]; state (K~ [B,H,M,dk],
-    V~ [B,H,M,dv]) in fp32. Returns (o [B,H,dv] in q's dtype, new state in fp32; fp64 for
-    fp64 inputs on the PyTorch path).
+    q [B,H,dk]; k [B,H,dk]; v [B,H,dv]; log_alpha [B,H,M]; state a `GsaState` (K~
+    [B,H,M,dk], V~ [B,H,M,dv]; a plain pair serves too) in fp32. Returns (o [B,H,dv] in
+    q's dtype, the new GsaState in fp32; fp64 for fp64 inputs on the PyTorch path).
     """
     check_tensor("q", q, 3, "[B,H,dk]")
     check_tensor("k", k, 3, "[B,H,dk]")

@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from ..common import tile_width
+
 ROWS = 64  # rows per program
 MAX_DIM = 256
 
@@ -68,7 +70,7 @@ class _SiluRmsNorm(torch.autograd.Function):
         rows = x2.shape[0]
         y = torch.empty_like(x2)
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-        bd = max(16, triton.next_power_of_2(d))
+        bd = tile_width(d)
         _fwd_kernel[(triton.cdiv(rows, ROWS),)](x2, weight, y, rstd, rows, d, eps, ROWS=ROWS, BD=bd)
         ctx.save_for_backward(x2, weight, rstd)
         ctx.shape = shape
@@ -83,7 +85,7 @@ class _SiluRmsNorm(torch.autograd.Function):
         dx = torch.empty_like(x2)
         dw_parts = torch.empty(programs, d, dtype=torch.float32, device=x2.device)
         _bwd_kernel[(programs,)](x2, weight, rstd, dy.contiguous().view(-1, d), dx, dw_parts, rows, d, ROWS=ROWS,
-                                 BD=max(16, triton.next_power_of_2(d)))
+                                 BD=tile_width(d))
         return dx.view(ctx.shape), dw_parts.sum(0).to(weight.dtype), None
 
 

@@ -11,6 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common import KERNEL_DTYPES, tile_width
+from .state import GsaState
+
 
 @triton.jit
 def _decode_step_kernel(
@@ -45,19 +48,19 @@ def _decode_step_kernel(
 
 
 def recurrent_gsa_step(q, k, v, log_alpha, state, *, scale=None):
-    """One decode step. q, k [B,H,dk]; v [B,H,dv]; log_alpha [B,H,M]; state (K~ [B,H,M,dk],
-    V~ [B,H,M,dv]) fp32 (validated by `gsa_decode_step`). Returns (o [B,H,dv] in q's dtype,
-    new state in fp32); the old state tensors are left unchanged."""
+    """One decode step. q, k [B,H,dk]; v [B,H,dv]; log_alpha [B,H,M]; state a `GsaState`
+    (K~ [B,H,M,dk], V~ [B,H,M,dv]) in fp32 (validated by `gsa_decode_step`). Returns (o
+    [B,H,dv] in q's dtype, the new GsaState in fp32); the old state tensors are left unchanged."""
     batch, heads, dk = q.shape
     dv, slots = v.shape[-1], log_alpha.shape[-1]
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if q.dtype not in KERNEL_DTYPES:
         raise NotImplementedError(f"recurrent_gsa_step: dtype {q.dtype}; the Triton kernel takes fp16, bf16, fp32")
     scale = dk ** -0.5 if scale is None else float(scale)
     sk, sv = (s.float().contiguous() for s in state)
     new_sk, new_sv = torch.empty_like(sk), torch.empty_like(sv)
     o = torch.empty(batch, heads, dv, dtype=q.dtype, device=q.device)
-    bm, bk, bv = (max(16, triton.next_power_of_2(n)) for n in (slots, dk, dv))
+    bm, bk, bv = (tile_width(n) for n in (slots, dk, dv))
     _decode_step_kernel[(batch * heads,)](
         q.contiguous(), k.contiguous(), v.contiguous(), log_alpha.contiguous(), sk, sv, new_sk, new_sv, o,
         scale, slots, dk, dv, BM=bm, BK=bk, BV=bv, num_warps=4 if bm * max(bk, bv) <= 8192 else 8)
-    return o, (new_sk, new_sv)
+    return o, GsaState(new_sk, new_sv)

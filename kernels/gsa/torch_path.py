@@ -15,6 +15,9 @@ float64); outputs come back in q's dtype, states in the computation dtype.
 import torch
 import torch.nn.functional as F
 
+from ..common import compute_dtype
+from .state import GsaState
+
 CHUNK = 16  # positions per chunk (a power of 2); the states are carried from chunk to chunk
 
 
@@ -171,7 +174,7 @@ def _unpack(x, cu_seqlens, longest):
 def torch_gsa_attn(q, k, v, log_alpha, *, causal, cross, scale, initial_state,
                    output_final_state, kv_mask, cu_seqlens):
     """`gsa_attn` with backend "torch" (arguments already validated, scale resolved)."""
-    dtype = torch.promote_types(q.dtype, torch.float32)
+    dtype = compute_dtype(q.dtype)
     out_dtype = q.dtype
     q, k, v, log_alpha = (x.to(dtype) for x in (q, k, v, log_alpha))
     if cu_seqlens is not None:  # self-attention only: run the sequences as a padded batch
@@ -197,18 +200,18 @@ def torch_gsa_attn(q, k, v, log_alpha, *, causal, cross, scale, initial_state,
     o = o.transpose(1, 2)
     if cu_seqlens is not None:  # padded [N, longest] -> packed [1, total]
         o = o[in_sequence][None]
-    return o.to(out_dtype), (final if output_final_state else None)
+    return o.to(out_dtype), (GsaState(*final) if output_final_state else None)
 
 
 def torch_gsa_step(q, k, v, log_alpha, state, *, scale):
     """`gsa_decode_step` with backend "torch": one write, then one read.
 
-    q, k [B,H,dk]; v [B,H,dv]; log_alpha [B,H,M]; state (K~ [B,H,M,dk], V~ [B,H,M,dv]).
+    q, k [B,H,dk]; v [B,H,dv]; log_alpha [B,H,M]; state a `GsaState` (or a pair).
     """
-    dtype = torch.promote_types(q.dtype, torch.float32)
+    dtype = compute_dtype(q.dtype)
     q_, k_, v_, log_alpha = (x.to(dtype) for x in (q, k, v, log_alpha))
     alpha, write = torch.exp(log_alpha)[..., None], -torch.expm1(log_alpha)[..., None]
     state_k = alpha * state[0].to(dtype) + write * k_[:, :, None, :]
     state_v = alpha * state[1].to(dtype) + write * v_[:, :, None, :]
     o = read_state(q_[:, :, None, :], state_k, state_v, scale)[:, :, 0]
-    return o.to(q.dtype), (state_k, state_v)
+    return o.to(q.dtype), GsaState(state_k, state_v)

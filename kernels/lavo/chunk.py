@@ -20,6 +20,7 @@ import math
 import torch
 import triton
 
+from ..common import KERNEL_DTYPES, MIN_DOT, tile_width
 from .chunk_bwd import lavo_delta_kernel, lavo_dkv_kernel, lavo_mem_bwd_kernel, lavo_mem_sums_kernel
 from .chunk_fwd import chunk_value_sums_kernel, lavo_fwd_kernel
 from .chunk_scan import chunk_range_sums
@@ -61,14 +62,15 @@ def lavo_chunked(
 ):
     """`chunk_lavo_attn` with the chunk size as an argument (the tests use small chunks
     so that short sequences still span several)."""
-    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if q.dtype not in KERNEL_DTYPES:
         raise NotImplementedError(f"q dtype {q.dtype}: the Triton kernels take float32, bfloat16 or float16")
     if q.shape[-1] > MAX_HEAD_DIM:
         raise NotImplementedError(
             f"head dim {q.shape[-1]}: the LAVO Triton kernels take head dims up to {MAX_HEAD_DIM}; use backend='torch'"
         )
-    if q.is_cuda and chunk // LAUNCH["dkv"]["SPLIT"] < 16:  # Triton's products take K >= 16 when compiled
-        raise ValueError(f"chunk {chunk} in dkv query tiles of {chunk // LAUNCH['dkv']['SPLIT']} rows: at least 16 on a GPU")
+    rows = chunk // LAUNCH["dkv"]["SPLIT"]
+    if q.is_cuda and rows < MIN_DOT:  # Triton's compiled products
+        raise ValueError(f"chunk {chunk} in dkv query tiles of {rows} rows: at least {MIN_DOT} on a GPU")
     if q.shape[0] * q.shape[1] == 0:
         return torch.zeros_like(q)
     k, v = k.to(q.dtype), v.to(q.dtype)  # the kernels read q, k, v as one dtype
@@ -167,7 +169,7 @@ def _segment_tables(valid, cu_seqlens, layout, segments):
 def _compile_args(q, rank, chunk, noncausal, window, kv_mask, cross):
     """The kernels' compile-time arguments."""
     d = q.shape[-1]
-    rank_block = min(max(16, triton.next_power_of_2(rank)), RANK_BLOCK)
+    rank_block = min(tile_width(rank), RANK_BLOCK)
     half = window // 2 if noncausal else 0
     # key blocks a query chunk's windows touch (NKB) and query blocks a key chunk's keys
     # are seen by (NQB), the same count; CC chunks past the source see the last w keys,
@@ -188,7 +190,7 @@ def _compile_args(q, rank, chunk, noncausal, window, kv_mask, cross):
     bias_entries = window + 1 if noncausal else window
     assert nqb == nkb, (nqb, nkb)  # dkv's query chunk b uses the forward's bias tile NKB - 1 - b
     return dict(
-        D=d, BD=max(16, triton.next_power_of_2(d)), RB=rank_block, NRB=-(-rank // rank_block), C=chunk, WINDOW=window,
+        D=d, BD=tile_width(d), RB=rank_block, NRB=-(-rank // rank_block), C=chunk, WINDOW=window,
         NS=noncausal, HALF=half, NKB=nkb, NQB=nqb, KB0=kb0, QB0=qb0, LAST=(nqb - 1 - qb0) * chunk + half < bias_entries,
         TABLE=not cross,
         HAS_MASK=kv_mask is not None, QMASK=kv_mask is not None and not cross,

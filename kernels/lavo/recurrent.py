@@ -1,5 +1,5 @@
 """LAVO decode step on Triton: one causal-self token per call, on the constant-size
-`LavoDecodeState` (decode.py says the layout and the update rule).
+`LavoDecodeState` (state.py says the layout and the update rule).
 
 One program per (batch row, head): the memory sum takes B v_t, the r memory logits come
 from h = sum / (t + 1), then the ring buffer's filled slots (in blocks, one online
@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode import LavoDecodeState
+from ..common import tile_width
+from .state import LavoDecodeState
 
 RING_BLOCK = 64  # buffer slots per step of the loop over the ring
 
@@ -114,8 +115,8 @@ def _ready(x, dtype):
 def _step_meta(dim, rank, window):
     """The kernel's compile-time arguments for a head dim, rank and window."""
     ring = window - 1
-    blk = min(RING_BLOCK, max(16, triton.next_power_of_2(max(ring, 1))))
+    blk = min(RING_BLOCK, tile_width(max(ring, 1)))
     return dict(
-        D=dim, R=rank, BD=max(16, triton.next_power_of_2(dim)), BR=max(16, triton.next_power_of_2(rank)),
+        D=dim, R=rank, BD=tile_width(dim), BR=tile_width(rank),
         RING=ring, BLK=blk, NBLK=triton.cdiv(ring, blk), num_warps=4,
     )

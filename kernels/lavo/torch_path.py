@@ -7,13 +7,21 @@ sum (NS, NC). One softmax runs over [window logits, memory logits]. Whatever the
 dtype, everything is computed in float32 (float64 if an input is float64) and the
 result is cast back to q's dtype.
 
-Inputs are assumed checked (`checks.check_lavo_args`); conventions as in `reference.py`.
+The decoding functions are here too: one causal-self step on a `LavoDecodeState`, the
+state after a prefill, and cross-attention queries against a prepared `LavoSource`
+(state.py has the layouts and the update rule).
+
+Inputs are assumed checked (`checks.check_lavo_args`, `checks.check_lavo_step_args`);
+conventions as in `reference.py`.
 """
 
 import math
 
 import torch
 import torch.nn.functional as F
+
+from ..common import compute_dtype
+from .state import LavoDecodeState, LavoSource
 
 
 def torch_lavo_attn(q, k, v, basis, rel_bias, mem_bias, *, window, causal, cross, segments, scale, kv_mask, cu_seqlens):
@@ -31,7 +39,7 @@ def _unpacked(q, k, v, basis, rel_bias, mem_bias, window, causal, cross, segment
     out_dtype = q.dtype
     if n == 0:
         return torch.zeros_like(q)
-    cdt = compute_dtype(q, k, v, basis)
+    cdt = compute_dtype(q.dtype, k.dtype, v.dtype, basis.dtype)
     scale = dim**-0.5 if scale is None else scale
     q, k, v = (x.transpose(1, 2).to(cdt) for x in (q, k, v))  # [B, H, T, d]
     basis = basis.to(cdt)
@@ -59,11 +67,6 @@ def _unpacked(q, k, v, basis, rel_bias, mem_bias, window, causal, cross, segment
     if not cross:
         o = o * valid[:, None, :, None]  # padded queries output 0
     return o.transpose(1, 2).to(out_dtype)
-
-
-def compute_dtype(*tensors) -> torch.dtype:
-    """float64 if any input is float64, else float32 (fp32 accumulation for bf16/fp16)."""
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def coefficients(v, basis):
@@ -172,3 +175,101 @@ def _packed(q, k, v, basis, rel_bias, mem_bias, window, causal, segments, scale,
     mask = inside if kv_mask is None else inside & kv_mask[0, index]
     o = _unpacked(q[0, index], k[0, index], v[0, index], basis, rel_bias, mem_bias, window, causal, False, segments, scale, mask)
     return o[inside].unsqueeze(0)  # sequences in order, each without its padding
+
+
+def torch_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, *, window, scale):
+    """`lavo_decode_step` on the PyTorch path (same arguments, without `backend`), in the
+    dtype of `state.mem_sum` with autocast switched off."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _step(q, k, v, basis, rel_bias, mem_bias, state, window, scale)
+
+
+def _step(q, k, v, basis, rel_bias, mem_bias, state, window, scale):
+    heads, dim = q.shape[1:]
+    cdt = state.mem_sum.dtype
+    scale = dim**-0.5 if scale is None else scale
+    t, ring = state.count, window - 1
+    qc, kc, vc, basis_c = (x.to(cdt) for x in (q, k, v, basis))
+    mem_sum = state.mem_sum + coefficients(vc[:, :, None], basis_c)[:, :, 0]
+    h = mem_sum / (t + 1)  # [B, H, r]
+
+    slot = torch.arange(ring, device=q.device)
+    position = t - ring + (slot - (t - ring)) % ring  # the position each slot holds
+    bias = torch.cat([rel_bias[:, (t - position).clamp(max=window - 1)], rel_bias[:, :1]], dim=1).to(cdt)  # [H, w]
+    keys = torch.cat([state.keys.to(cdt), kc[:, :, None]], dim=2)  # [B, H, w, d]: buffer, then the current token
+    values = torch.cat([state.values.to(cdt), vc[:, :, None]], dim=2)
+    logits = scale * (keys @ qc[..., None])[..., 0] + bias  # [B, H, w]
+    logits[..., :ring] = logits[..., :ring].masked_fill(position < 0, float("-inf"))
+
+    mu = mem_bias.to(cdt).reshape(heads, 1)
+    bq = coefficients(qc[:, :, None], basis_c)  # [B, H, 1, r]
+    local_weights, o_mem = readout(logits[:, :, None], h[:, :, None, None], bq, mu, basis_c, scale)
+    o = local_weights @ values + o_mem  # [B, H, 1, d]
+
+    keys, values = state.keys, state.values
+    if ring:
+        slot = torch.tensor([t % ring], device=q.device)
+        keys = keys.index_copy(2, slot, k[:, :, None].to(keys.dtype))
+        values = values.index_copy(2, slot, v[:, :, None].to(values.dtype))
+    return o[:, :, 0].to(q.dtype), LavoDecodeState(keys, values, mem_sum, t + 1)
+
+
+def torch_lavo_prefill_state(k, v, basis, *, window) -> LavoDecodeState:
+    """The LavoDecodeState after the positions of k, v [B, T, H, d]: the memory sum of all
+    of them (autocast off) and the last w-1 in the ring buffer."""
+    batch, steps, heads, dim = k.shape
+    empty = LavoDecodeState.empty(batch, heads, dim, basis.shape[1], window, dtype=k.dtype, device=k.device)
+    cdt = empty.mem_sum.dtype
+    with torch.autocast(k.device.type, enabled=False):
+        mem_sum = coefficients(v.transpose(1, 2).to(cdt), basis.to(cdt)).sum(2)  # [B, H, r]
+    keys, values, ring = empty.keys.clone(), empty.values.clone(), window - 1
+    if ring:
+        positions = torch.arange(max(0, steps - ring), steps, device=k.device)  # the last w-1 positions
+        keys[:, :, positions % ring] = k[:, positions].transpose(1, 2)
+        values[:, :, positions % ring] = v[:, positions].transpose(1, 2)
+    return LavoDecodeState(keys, values, mem_sum, steps)
+
+
+def torch_lavo_source(k, v, basis, *, causal, segments, kv_mask) -> LavoSource:
+    """`lavo_source`: k, v [B, m, H, d] in the compute dtype with the source's memory
+    means (prefix means causal, segment means noncausal), autocast off."""
+    with torch.autocast(k.device.type, enabled=False):
+        cdt = compute_dtype(k.dtype, v.dtype, basis.dtype)
+        keys, values = (x.transpose(1, 2).to(cdt) for x in (k, v))  # [B, H, m, d]
+        valid = torch.ones(k.shape[:2], dtype=cdt, device=k.device) if kv_mask is None else kv_mask.to(cdt)
+        c = coefficients(values, basis.to(cdt)) * valid[:, None, :, None]  # [B, H, m, r]
+        means = prefix_means(c, valid) if causal else segment_means(c, valid, segments)
+        return LavoSource(keys, values, valid, means, causal)
+
+
+def torch_lavo_cross_decode(q, source, basis, rel_bias, mem_bias, *, window, start, scale):
+    """`lavo_cross_decode` (same arguments), autocast off."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _cross_decode(q, source, basis, rel_bias, mem_bias, window, start, scale)
+
+
+def _cross_decode(q, source, basis, rel_bias, mem_bias, window, start, scale):
+    batch, steps, heads, dim = q.shape
+    cdt = source.means.dtype
+    scale = dim**-0.5 if scale is None else scale
+    qc = q.transpose(1, 2).to(cdt)  # [B, H, t, d]
+    basis_c = basis.to(cdt)
+    bq = coefficients(qc, basis_c)  # [B, H, t, r]
+    segments = 1 if source.causal else source.means.shape[2]
+    mu = mem_bias.to(cdt).reshape(heads, -1).expand(heads, segments)  # [H, S]
+    if not source.causal:
+        o = readout(None, source.means[:, :, None], bq, mu, basis_c, scale)[1]
+        return o.transpose(1, 2).to(q.dtype)
+
+    m = source.keys.shape[2]
+    anchor = (start + torch.arange(steps, device=q.device)).clamp(max=m - 1)  # [t]
+    back = torch.arange(window, device=q.device)  # t' - j, the rel_bias index
+    position = anchor[:, None] - back  # [t, w]
+    index = position.clamp(min=0)
+    keys, values = source.keys[:, :, index], source.values[:, :, index]  # [B, H, t, w, d]
+    logits = scale * (keys @ qc[..., None])[..., 0] + rel_bias.to(cdt)[:, None, :]  # [B, H, t, w]
+    real = (source.valid[:, index] > 0) & (position >= 0)  # [B, t, w]
+    logits = logits.masked_fill(~real[:, None], float("-inf"))
+    local_weights, o_mem = readout(logits, source.means[:, :, anchor, None], bq, mu, basis_c, scale)
+    o = (local_weights[..., None] * values).sum(-2) + o_mem  # [B, H, t, d]
+    return o.transpose(1, 2).to(q.dtype)

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..errors import ConfigError
-from ..kernels import gsa_attn, gsa_decode_step
+from ..kernels import GsaState, gsa_attn, gsa_decode_step
 from ..kernels.backend import resolve_backend
 from ..kernels.gsa.output_norm import silu_rms_norm
 from .base import AttentionBlock, check_backend, check_count
@@ -29,7 +29,7 @@ class GsaDecodeState(NamedTuple):
     computed once; every query reads it.
     """
 
-    memory: tuple[torch.Tensor, torch.Tensor]  # (K~ [B, H, M, d], V~ [B, H, M, d]) in fp32
+    memory: GsaState  # (K~ [B, H, M, d], V~ [B, H, M, d]) in fp32
     source: tuple | None  # CC: (k [B,S,H,d], v [B,S,H,d], log_alpha [B,S,H,M], mask [B,S] or None)
     position: int  # target positions before the next call
 
@@ -84,10 +84,9 @@ class GatedSlotAttention(AttentionBlock):
             o = silu_rms_norm(o, self.norm.weight, self.norm.eps, use_triton=use_triton)
         return self.out_proj(o.flatten(2))  # [B, T, H, d] -> [B, T, D]
 
-    def _empty_memory(self, batch_size: int):
-        weight = self.q_proj.weight
-        return tuple(weight.new_zeros(batch_size, self.n_heads, self.slots, self.head_dim, dtype=torch.float32)
-                     for _ in range(2))
+    def _empty_memory(self, batch_size: int) -> GsaState:
+        return GsaState.empty(batch_size, self.n_heads, self.slots, self.head_dim, self.head_dim,
+                              device=self.q_proj.weight.device)
 
     def _self_state(self, batch_size: int) -> GsaDecodeState:
         return GsaDecodeState(self._empty_memory(batch_size), None, 0)

@@ -49,16 +49,10 @@ def tsf_run(tmp_path):
 
 
 def pcc_run(tmp_path):
-    from lavo_tasks.tasks.pcc.data import write_pcd  # (open3d, imported only by this row)
+    from pcn_layout import write_layout  # (open3d, imported only by this row)
 
-    root, rng = tmp_path / "pcn", np.random.default_rng(0)
     splits = {"train": ["m0", "m1"], "val": ["m2"], "test": ["m3", "m4", "m5", "m6", "m7"]}  # shares of 3 and 2
-    for split, models in splits.items():
-        for model in models:
-            complete = rng.uniform(-0.5, 0.5, size=(80, 3)).astype(np.float32)
-            write_pcd(root / split / "complete" / "01" / f"{model}.pcd", complete)
-            write_pcd(root / split / "partial" / "01" / model / "00.pcd", complete[:40])
-    (root / "PCN.json").write_text(json.dumps([{"taxonomy_id": "01", "taxonomy_name": "blob", **splits}]))
+    root = write_layout(tmp_path / "pcn", {"01": ("blob", splits)}, views=dict.fromkeys(splits, 1), points=80)
     return ["task=pcc", f"data.path={root}", "data.n_input=32", "data.n_gt=64", "data.batch_size=2",
             "model.d_model=16", "model.n_heads=2", "model.n_proxies=8", "model.n_neighbors=4",
             "model.encoder_layers=1", "model.decoder_layers=1", "model.n_queries=4", "model.fold_points=4",

@@ -1,4 +1,7 @@
-"""A small PCN layout written by the tests themselves (no third-party data)."""
+"""Small PCN layouts written by the tests themselves (no third-party data), for the pcc
+tests (tests/tasks/pcc/) and the pcc row of tests/core/test_ddp_metrics.py.
+
+Importing it imports open3d (through the pcc task's PCD writer)."""
 
 import json
 from pathlib import Path
@@ -15,8 +18,9 @@ def cloud(n: int, seed: int) -> np.ndarray:
 
 
 def write_layout(root: Path, categories: dict, views: dict | None = None, points: int = 40) -> Path:
-    """A PCN layout: categories = {synset: (name, {split: [models]})}; views per split
-    (default 8 in train, 1 else)."""
+    """A PCN layout under `root`: categories = {synset: (name, {split: [models]})}; views
+    = partial views per split (default 8 in train, 1 else). Each model's complete cloud
+    has `points` points; its view v is the cloud's first half shifted by v * VIEW_OFFSET."""
     views = views or {"train": 8, "val": 1, "test": 1}
     entries = []
     for k, (synset, (name, splits)) in enumerate(categories.items()):
