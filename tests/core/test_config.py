@@ -170,7 +170,7 @@ def test_the_task_yaml_may_set_an_attentions_keys(toy_task, monkeypatch):
      "attention_options.lava in configs/task/toy.yaml: unknown attention; allowed: softmax, local, lavo, gsa"),
     ("attention_options:\n  lavo:\n    windw: 6\n",
      "attention_options.lavo.windw in configs/task/toy.yaml: not a key of attention 'lavo'; its keys: window, rank, "
-     "basis, cross_segments, backend"),
+     "basis, cross_segments, memory_bias, backend"),
     ("attention_options:\n  softmax:\n    name: lavo\n",
      "attention_options.softmax.name in configs/task/toy.yaml: not a key of attention 'softmax'; its keys: alibi"),
     ("attention_options:\n  lavo: 6\n",
@@ -231,7 +231,7 @@ CONFIG_ERRORS = [
      "set model.cross_attention to another attention"),
     (["task=toy", "model.cross_attention.windw=3", "model.cross_attention=lavo"],
      "unknown key 'model.cross_attention.windw': model.cross_attention is attention lavo; its keys: window, rank, "
-     "basis, cross_segments, backend"),
+     "basis, cross_segments, memory_bias, backend"),
     (["task=toy", "model.cross_attention.window=3"],
      "unknown key 'model.cross_attention.window': model.cross_attention is attention softmax; its keys: alibi"),
     (["task=toy", "model.memory.window=3"],
