@@ -7,6 +7,9 @@ configs/attention/<name>.yaml, and applies the `a.b=value` arguments:
 
 - `attention=NAME` selects NAME for every site (default: what the task YAML names for
   the site, else softmax); `model.<site>=NAME` selects one site's attention;
+- a task YAML's `attention_options.NAME.KEY: VALUE` sets KEY at every site whose
+  attention is NAME, over configs/attention/NAME.yaml (the task's own default, e.g.
+  summarization's ALiBi for softmax); the command line's keys below win;
 - `attention.KEY=VALUE` sets KEY at every site whose attention is the one `attention=`
   selected; `model.<site>.KEY=VALUE` sets it at one site;
 - any other key must already exist in those files and keeps its type.
@@ -121,8 +124,10 @@ def _fresh_config(selectors: dict[str, str], overrides: list[tuple[str, str]]) -
             keys.append((key, raw))
     if "model" not in cfg:
         cfg.model = {}
+    options = _task_attention_options(cfg)
     for site, attention in names.items():
-        cfg.model[site] = attention_defaults(attention, key=f"model.{site}")
+        cfg.model[site] = OmegaConf.merge(attention_defaults(attention, key=f"model.{site}"),
+                                          options.get(attention, {}))
 
     for key, raw in keys:
         if key == "attention.name":
@@ -133,6 +138,30 @@ def _fresh_config(selectors: dict[str, str], overrides: list[tuple[str, str]]) -
         else:
             _set(cfg, key, raw, task.sites)
     return cfg
+
+
+def _task_attention_options(cfg: DictConfig) -> dict:
+    """The task YAML's `attention_options` group, taken out of `cfg`: {attention name:
+    {key: value}}, each name a registered attention and each key one of its YAML's keys."""
+    options = cfg.pop("attention_options", None)
+    if options is None:
+        return {}
+    where = f"in configs/task/{cfg.task}.yaml"
+    if not isinstance(options, DictConfig):
+        raise ConfigError(f"attention_options {where}: must be a group of attention names")
+    for name, keys in options.items():
+        if name not in ATTENTION_NAMES:
+            raise ConfigError(f"attention_options.{name} {where}: unknown attention; allowed: "
+                              f"{', '.join(ATTENTION_NAMES)}")
+        defaults = attention_defaults(name)
+        if not isinstance(keys, DictConfig):
+            raise ConfigError(f"attention_options.{name} {where}: must be a group of keys of attention {name}")
+        for key in keys:
+            if key == "name" or key not in defaults:
+                allowed = ", ".join(k for k in defaults if k != "name") or "none"
+                raise ConfigError(f"attention_options.{name}.{key} {where}: not a key of attention {name!r}; "
+                                  f"its keys: {allowed}")
+    return {name: keys for name, keys in options.items()}
 
 
 def _site_default(cfg: DictConfig, site: str, chosen: str | None) -> str:

@@ -2,7 +2,12 @@
 
 The block owns the q/k/v/output projections and, per head, the orthonormal basis
 [H, r, d], the relative position bias (CS, CC: w entries; NS: w + 1; NC has no window and
-no bias) and the memory bias ([H]; NC: [H, cross_segments]); both biases start at 0.
+no bias) and the memory bias ([H]; NC: [H, cross_segments]). The relative bias starts at
+0, the memory bias at `memory_bias` (default 0). A negative start gives the r memory
+slots less of the softmax than the window's keys at first (at 0, with the logits near 0
+at initialisation, r = 16 slots beside a window of 32 take a third of every query's
+weight, a position-free average): summarization's copy rule, which needs sharp local
+attention, is learned faster from -3 (README), and training moves mu from there.
 It calls `lavo_tasks.kernels.lavo_attn`.
 
 In self-attention (CS, NS) queries and keys get rotary positions (rope.py) before the op,
@@ -75,12 +80,15 @@ class LavoAttention(AttentionBlock):
         if cfg.get("basis") not in BASIS_KINDS:
             raise ConfigError(f"attention.basis={cfg.get('basis')!r}: allowed {', '.join(BASIS_KINDS)}")
         check_count("cross_segments", segments)
+        memory_bias = cfg.get("memory_bias")
+        if isinstance(memory_bias, bool) or not isinstance(memory_bias, (int, float)) or memory_bias != memory_bias:
+            raise ConfigError(f"attention.memory_bias={memory_bias!r}: must be a number (the memory bias's start)")
         check_backend(cfg.get("backend"))
 
     def __init__(self, d_model: int, n_heads: int, *, causal: bool, cross: bool, window: int = 32, rank: int = 16,
-                 basis: str = "learned", cross_segments: int = 1, backend: str = "auto"):
+                 basis: str = "learned", cross_segments: int = 1, memory_bias: float = 0.0, backend: str = "auto"):
         super().__init__(d_model, n_heads, causal=causal, cross=cross, window=window, rank=rank, basis=basis,
-                         cross_segments=cross_segments, backend=backend)
+                         cross_segments=cross_segments, memory_bias=memory_bias, backend=backend)
         self.window, self.rank, self.backend = window, rank, backend
         self.segments = cross_segments if self.pattern == "NC" else 1
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
@@ -99,7 +107,8 @@ class LavoAttention(AttentionBlock):
             self.register_parameter("rel_bias", None)  # NC has no window
         else:
             self.rel_bias = nn.Parameter(torch.zeros(n_heads, self.window + (0 if causal else 1)))
-        self.mem_bias = nn.Parameter(torch.zeros(n_heads, self.segments) if self.pattern == "NC" else torch.zeros(n_heads))
+        shape = (n_heads, self.segments) if self.pattern == "NC" else (n_heads,)
+        self.mem_bias = nn.Parameter(torch.full(shape, float(memory_bias)))
 
     @property
     def basis(self) -> torch.Tensor:

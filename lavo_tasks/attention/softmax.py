@@ -3,38 +3,68 @@
 Queries and keys get rotary positions (rope.py) in self-attention only: a source and a
 target have no common position axis. Causal cross-attention (CC) lets target position t
 see source positions j <= min(t, m-1), so a target longer than the source sees all of it.
+
+`alibi: true` adds ALiBi's linear distance penalty to the self-attention scores (CS, NS;
+cross-attention has no common position axis and ignores it): head h of H (h = 1..H)
+adds -m_h |t - j| to the logit of query t and key j, with the geometric slopes
+m_h = 2 ** (-8 h / H) (ALiBi's for a power-of-two H; the same formula for any H). Rotary
+positions stay; the penalty is a prior towards nearby keys that every head can outweigh
+through its scores, so a head with a small slope still reads the whole sequence. The
+scores then go to SDPA as a float mask, O(T S) memory per head (no FlashAttention).
 """
 
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import nn
 
+from ..errors import ConfigError
 from .base import AttentionBlock
 from .rope import apply_rope
 
 
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
     """SDPA where `allowed` (bool, True = the query may see the key, broadcastable to the
     score shape [..., T, S]) may leave a query with no key at all: such a query outputs 0
-    (SDPA alone would give NaN). q [..., T, d], k and v [..., S, d] -> [..., T, d]."""
+    (SDPA alone would give NaN). bias: None, or a float tensor broadcastable to the score
+    shape added to the allowed scores. q [..., T, d], k and v [..., S, d] -> [..., T, d]."""
     has_key = allowed.any(dim=-1, keepdim=True)  # [..., T, 1]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_key)
+    allowed = allowed | ~has_key
+    if bias is not None:
+        allowed = bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
     return out * has_key
 
 
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """ALiBi's slope of each head [H]: 2 ** (-8 h / H) for h = 1..H."""
+    return 2.0 ** (-8.0 * torch.arange(1, n_heads + 1, dtype=torch.float32) / n_heads)
+
+
+def alibi_bias(slopes: torch.Tensor, n_queries: int, n_keys: int, offset: int = 0) -> torch.Tensor:
+    """-slope_h * |p - j| for query positions p = offset .. offset+n_queries-1 and key
+    positions j = 0 .. n_keys-1: [H, T, S] float32 (the causal mask, applied beside it,
+    removes j > p)."""
+    positions = torch.arange(offset, offset + n_queries, device=slopes.device)
+    distance = (positions[:, None] - torch.arange(n_keys, device=slopes.device)[None, :]).abs()
+    return -slopes[:, None, None] * distance[None].float()
+
+
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, offset: int = 0, key_mask=None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, offset: int = 0, key_mask=None, bias=None
 ) -> torch.Tensor:
     """Softmax attention of q [B, H, T, d] over k, v [B, H, S, d]; the queries sit at
     positions offset .. offset+T-1. Query p sees key j when key_mask[b, j] (bool [B, S],
     True = real; None = all real) and, if causal, j <= p (which for causal cross is the
-    design's j <= min(p, S-1): there is no key past S-1)."""
+    design's j <= min(p, S-1): there is no key past S-1). bias: None or a float [H, T, S]
+    added to the scores (ALiBi)."""
     T, S = q.shape[2], k.shape[2]
-    if key_mask is None and not causal:
+    if bias is None and key_mask is None and not causal:
         return F.scaled_dot_product_attention(q, k, v)
-    if key_mask is None and offset == 0 and T == S:
+    if bias is None and key_mask is None and offset == 0 and T == S:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     allowed = torch.ones(1, 1, 1, S, dtype=torch.bool, device=q.device)
     if causal:
@@ -43,7 +73,7 @@ def attend(
         allowed = allowed & (torch.arange(S, device=q.device)[None, :] <= positions[:, None])  # [1, 1, T, S]
     if key_mask is not None:
         allowed = allowed & key_mask[:, None, None, :]  # [B, 1, T or 1, S]
-    return masked_attention(q, k, v, allowed)
+    return masked_attention(q, k, v, allowed, bias)
 
 
 class KVCache(NamedTuple):
@@ -58,14 +88,25 @@ class KVCache(NamedTuple):
 
 
 class SoftmaxAttention(AttentionBlock):
-    """Exact attention; the `local` block extends it with a window."""
+    """Exact attention; the `local` block extends it with a window (and has no `alibi`)."""
 
     name = "softmax"
     patterns = frozenset({"CS", "NS", "CC", "NC"})
 
-    def __init__(self, d_model: int, n_heads: int, *, causal: bool, cross: bool, **options):
+    @classmethod
+    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int, pattern: str) -> None:
+        super().check_config(cfg, d_model, n_heads, pattern)
+        if "alibi" in cls.option_names() and not isinstance(cfg.get("alibi"), bool):
+            raise ConfigError(f"attention.alibi={cfg.get('alibi')!r}: must be true or false")
+
+    def __init__(self, d_model: int, n_heads: int, *, causal: bool, cross: bool, alibi: bool = False, **options):
         """options: the keys of a block built on this one (local's window)."""
+        if "alibi" in self.option_names():
+            options["alibi"] = alibi
         super().__init__(d_model, n_heads, causal=causal, cross=cross, **options)
+        # The slopes are a fixed buffer (not saved: a function of n_heads), None where unused.
+        self.alibi = bool(alibi) and not cross
+        self.register_buffer("slopes", alibi_slopes(n_heads) if self.alibi else None, persistent=False)
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
         self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
@@ -85,9 +126,14 @@ class SoftmaxAttention(AttentionBlock):
     def _output(self, o: torch.Tensor) -> torch.Tensor:
         return self.out_proj(o.transpose(1, 2).flatten(2))  # [B, H, T, d] -> [B, T, D]
 
+    def _bias(self, n_queries: int, n_keys: int, offset: int):
+        """The ALiBi scores [H, T, S] of self-attention with `alibi`, else None."""
+        return alibi_bias(self.slopes, n_queries, n_keys, offset) if self.alibi else None
+
     def _attend(self, q, k, v, key_mask):
         """The whole-sequence attention (training); `local` restricts it to a window."""
-        return attend(q, k, v, causal=self.causal, key_mask=key_mask)
+        bias = self._bias(q.shape[2], k.shape[2], 0)
+        return attend(q, k, v, causal=self.causal, key_mask=key_mask, bias=bias)
 
     def _whole(self, x, source, key_mask):
         return self._output(self._attend(self._queries(x, 0), *self._keys_values(source, 0), key_mask))
@@ -107,5 +153,6 @@ class SoftmaxAttention(AttentionBlock):
         if not self.cross:
             k_new, v_new = self._keys_values(x, state.position)
             k, v = torch.cat([k, k_new.to(q.dtype)], dim=2), torch.cat([v, v_new.to(q.dtype)], dim=2)
-        o = attend(q, k, v, causal=self.causal, offset=state.position, key_mask=state.key_mask)
+        o = attend(q, k, v, causal=self.causal, offset=state.position, key_mask=state.key_mask,
+                   bias=self._bias(q.shape[2], k.shape[2], state.position))
         return self._output(o), KVCache(k, v, state.key_mask, state.position + x.shape[1])

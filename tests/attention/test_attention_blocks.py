@@ -61,9 +61,10 @@ def test_rope_scores_depend_on_distance_only():
 # softmax and local against the reference
 
 
-def reference_attention(block, x, context=None, mask=None, context_mask=None, *, visible):
+def reference_attention(block, x, context=None, mask=None, context_mask=None, *, visible, bias=None):
     """Multi-head attention with the block's weights, float64, one query at a time.
-    visible(t, j, m) says whether query t may see source position j of m."""
+    visible(t, j, m) says whether query t may see source position j of m; bias(h, t, j),
+    if given, is added to the score of head h, query t, key j."""
     w_q = block.q_proj.weight.double()
     w_k, w_v = block.kv_proj.weight.double().chunk(2, dim=0)
     w_o = block.out_proj.weight.double()
@@ -88,6 +89,8 @@ def reference_attention(block, x, context=None, mask=None, context_mask=None, *,
                     rows.append(torch.zeros(d, dtype=torch.float64))
                     continue
                 scores = torch.stack([q[b, t, h] @ k[b, j, h] for j in js]) / math.sqrt(d)
+                if bias is not None:
+                    scores = scores + torch.tensor([bias(h, t, j) for j in js], dtype=torch.float64)
                 p = torch.softmax(scores, dim=0)
                 rows.append(sum(p[i] * v[b, j, h] for i, j in enumerate(js)))
     out = torch.stack(rows).view(B, n, D) @ w_o.T
@@ -106,14 +109,14 @@ def causal_cross(t, j, m):
     return j <= min(t, m - 1)
 
 
-def check_against_reference(block, x, context, mask, context_mask, visible):
+def check_against_reference(block, x, context, mask, context_mask, visible, bias=None):
     """Outputs and the gradients of x and context, fp32 block vs float64 reference."""
     inputs = [x] + ([context] if context is not None else [])
     for t in inputs:
         t.requires_grad_(True)
     y, state = block(x, context=context, mask=mask, context_mask=context_mask)
     assert state is None
-    y_ref = reference_attention(block, x, context, mask, context_mask, visible=visible)
+    y_ref = reference_attention(block, x, context, mask, context_mask, visible=visible, bias=bias)
     assert_near(y, y_ref)
     if mask is not None:
         assert torch.equal(y[~mask], torch.zeros_like(y[~mask]))
@@ -143,6 +146,58 @@ def test_softmax_cross_matches_reference(pattern, padded, m):
     # With the source's first 2 positions padded, CC queries 0 and 1 see no key: output 0.
     mask, context_mask = (padding_mask(T), padding_mask(m)) if padded else (None, None)
     check_against_reference(block, x, context, mask, context_mask, causal_cross if pattern == "CC" else full)
+
+
+def alibi_reference(n_heads: int):
+    """ALiBi's penalty written out: head h (from 0) of H has slope 2 ** (-8 (h + 1) / H)
+    and adds -slope |t - j|; with H = 2 the slopes are 1/16 and 1/256."""
+    def bias(h, t, j):
+        return -(2.0 ** (-8.0 * (h + 1) / n_heads)) * abs(t - j)
+    return bias
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("pattern", ["CS", "NS"])
+def test_softmax_alibi_matches_reference(pattern, padded):
+    # Scaled-up inputs and steep slopes would hide nothing: N_HEADS = 2 gives 1/16 and
+    # 1/256, so the penalty over 9 positions is comparable to the scores.
+    assert alibi_reference(2)(0, 3, 0) == -3 / 16 and alibi_reference(2)(1, 0, 3) == -3 / 256
+    block = make_block("softmax", pattern, alibi=True)
+    x = 4 * torch.randn(3, T, D_MODEL)
+    mask = padding_mask(T) if padded else None
+    visible = causal_self if pattern == "CS" else full
+    check_against_reference(block, x, None, mask, None, visible, bias=alibi_reference(N_HEADS))
+    # The penalty changes the output, or the check above would pass without it.
+    plain = make_block("softmax", pattern)
+    assert not torch.allclose(run(plain, x.detach(), mask=mask), run(block, x.detach(), mask=mask), atol=1e-3)
+
+
+def test_softmax_alibi_decode_matches_reference():
+    """The KV-cache decode puts the penalty at the right positions: token by token and in
+    uneven chunks against the reference."""
+    block = make_block("softmax", "CS", alibi=True)
+    x = 4 * torch.randn(2, T, D_MODEL)
+    y_ref = reference_attention(block, x, visible=causal_self, bias=alibi_reference(N_HEADS))
+    with torch.no_grad():
+        for sizes in ([1] * T, [4, 1, T - 5]):
+            state, outs = block.init_state(2), []
+            for chunk in torch.split(x, sizes, dim=1):
+                out, state = block(chunk, state=state)
+                outs.append(out)
+            assert_near(torch.cat(outs, dim=1), y_ref)
+
+
+@pytest.mark.parametrize("pattern", ["CC", "NC"])
+def test_softmax_alibi_leaves_cross_attention_alone(pattern):
+    x, context = torch.randn(2, T, D_MODEL), torch.randn(2, 6, D_MODEL)
+    with_alibi, without = make_block("softmax", pattern, alibi=True), make_block("softmax", pattern)
+    assert torch.equal(run(with_alibi, x, context), run(without, x, context))
+
+
+def test_softmax_alibi_config_errors():
+    for bad in ("yes", 1, None):
+        with pytest.raises(ConfigError, match=r"^attention\.alibi=.*: must be true or false$"):
+            make_block("softmax", "CS", alibi=bad)
 
 
 @pytest.mark.parametrize("length", [7, 13])
@@ -337,7 +392,7 @@ def test_block_by_keywords_equals_block_by_config():
         assert torch.equal(a, b), key
     with pytest.raises(TypeError, match="'windw'"):
         LavoAttention(D_MODEL, N_HEADS, causal=True, cross=False, windw=6)
-    with pytest.raises(TypeError, match="SoftmaxAttention: unknown argument 'window'; its own are: none"):
+    with pytest.raises(TypeError, match="SoftmaxAttention: unknown argument 'window'; its own are: alibi"):
         block_class("softmax")(D_MODEL, N_HEADS, causal=True, cross=False, window=4)
     with pytest.raises(ConfigError, match=r"attention\.windw: not a key of attention 'lavo'; allowed: window"):
         build_attention(OmegaConf.create({"name": "lavo", "windw": 6}), D_MODEL, n_heads=N_HEADS, causal=True,

@@ -174,3 +174,40 @@ def test_state_dict_restores_the_trained_basis(basis):
     restored.load_state_dict(block.state_dict())
     torch.testing.assert_close(restored.basis, block.basis)
     torch.testing.assert_close(restored(x)[0], block(x)[0])
+
+
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+def test_memory_bias_is_where_mu_starts(pattern):
+    causal, cross = PATTERNS[pattern]
+    block = build_attention(config(memory_bias=-3, cross_segments=2), D_MODEL, n_heads=HEADS, causal=causal,
+                            cross=cross)
+    assert torch.equal(block.mem_bias.detach(), torch.full((HEADS, 2) if pattern == "NC" else (HEADS,), -3.0))
+    default = build_attention(config(cross_segments=2), D_MODEL, n_heads=HEADS, causal=causal, cross=cross)
+    assert torch.equal(default.mem_bias.detach(), torch.zeros_like(block.mem_bias))
+
+
+@pytest.mark.parametrize("bad", ["x", True, None, float("nan")])
+def test_memory_bias_must_be_a_number(bad):
+    with pytest.raises(ConfigError, match=r"^attention\.memory_bias=.*: must be a number"):
+        build_attention(config(memory_bias=bad), D_MODEL, n_heads=HEADS, causal=True, cross=False)
+
+
+@pytest.mark.parametrize("pattern", ["CS", "NS"])
+def test_a_very_negative_memory_bias_leaves_the_window_alone(pattern):
+    """mu far below the window's logits: the memory gets no weight, and the block is
+    softmax over its window of rotated keys (rho = 0), written here as a dense loop."""
+    causal = pattern == "CS"
+    torch.manual_seed(0)
+    block = build_attention(config(memory_bias=-1e4), D_MODEL, n_heads=HEADS, causal=causal, cross=False).double()
+    x = torch.randn(2, 9, D_MODEL, dtype=torch.float64)
+    split = lambda t: t.view(*t.shape[:2], HEADS, 8)  # noqa: E731
+    q, k, v = apply_rope(split(block.q_proj(x))), apply_rope(split(block.k_proj(x))), split(block.v_proj(x))
+    out = torch.zeros_like(q)
+    for b in range(2):
+        for h in range(HEADS):
+            for t in range(9):
+                js = [j for j in range(9) if (t - 4 < j <= t if causal else abs(t - j) <= 2)]
+                p = torch.softmax(torch.stack([q[b, t, h] @ k[b, j, h] for j in js]) / 8 ** 0.5, dim=0)
+                out[b, t, h] = sum(p[i] * v[b, j, h] for i, j in enumerate(js))
+    y, _ = block(x)
+    torch.testing.assert_close(y, block.out_proj(out.reshape(2, 9, D_MODEL)), rtol=1e-9, atol=1e-10)

@@ -89,7 +89,8 @@ def test_layers_in_order(toy_task):
 def test_defaults_select_the_softmax_attention_and_the_task_of_train_yaml():
     cfg = compose([])
     assert cfg.task == OmegaConf.load(lavo_tasks.config.resources.files("lavo_tasks.configs") / "train.yaml").task
-    assert OmegaConf.to_container(cfg.model.attention) == {"name": "softmax"}  # the LM's one site
+    assert OmegaConf.to_container(cfg.model.attention) == attention_yaml("softmax")  # the LM's one site
+    assert cfg.model.attention.name == "softmax"
     assert "attention" not in cfg  # every attention config lives at its site
 
 
@@ -147,6 +148,42 @@ def test_the_task_yaml_may_name_a_sites_default(toy_task, monkeypatch):
     assert compose(["task=toy", "model.cross_attention="]).model.cross_attention.name == "softmax"
 
 
+def test_the_task_yaml_may_set_an_attentions_keys(toy_task, monkeypatch):
+    """attention_options.NAME.KEY: the task's default of KEY at every site of attention
+    NAME; the command line wins; the group is gone from the composed config."""
+    options = TOY_YAML + "attention_options:\n  lavo:\n    window: 6\n    rank: 4\n  softmax:\n    alibi: true\n"
+    monkeypatch.setattr(lavo_tasks.tasks, "task_yaml_text", lambda name: options)
+    cfg = compose(["task=toy", "attention=lavo", "model.cross_attention=softmax"])
+    assert OmegaConf.to_container(cfg.model.encoder_attention) == {**attention_yaml("lavo"), "window": 6, "rank": 4}
+    assert OmegaConf.to_container(cfg.model.cross_attention) == {"name": "softmax", "alibi": True}
+    assert attention_yaml("lavo")["window"] != 6 and attention_yaml("softmax")["alibi"] is False
+    assert "attention_options" not in cfg
+    assert compose(["task=toy", "attention=lavo", "attention.window=10"]).model.decoder_attention.window == 10
+    assert compose(["task=toy", "attention=lavo", "model.encoder_attention.window=8"]).model.encoder_attention.window == 8
+    assert compose(["task=toy", "attention.alibi=false"]).model.encoder_attention.alibi is False
+    assert compose(["task=toy", "attention=gsa"]).model.encoder_attention == OmegaConf.create(attention_yaml("gsa"))
+    validate(cfg)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ("attention_options:\n  lava:\n    window: 6\n",
+     "attention_options.lava in configs/task/toy.yaml: unknown attention; allowed: softmax, local, lavo, gsa"),
+    ("attention_options:\n  lavo:\n    windw: 6\n",
+     "attention_options.lavo.windw in configs/task/toy.yaml: not a key of attention 'lavo'; its keys: window, rank, "
+     "basis, cross_segments, memory_bias, backend"),
+    ("attention_options:\n  softmax:\n    name: lavo\n",
+     "attention_options.softmax.name in configs/task/toy.yaml: not a key of attention 'softmax'; its keys: alibi"),
+    ("attention_options:\n  lavo: 6\n",
+     "attention_options.lavo in configs/task/toy.yaml: must be a group of keys of attention lavo"),
+    ("attention_options: 3\n", "attention_options in configs/task/toy.yaml: must be a group of attention names"),
+    # A value the attention refuses fails in validate, naming the site's key.
+    ("attention_options:\n  softmax:\n    alibi: 2\n", "model.encoder_attention.alibi=2: must be true or false"),
+])
+def test_bad_attention_options_in_the_task_yaml(toy_task, monkeypatch, options, message):
+    monkeypatch.setattr(lavo_tasks.tasks, "task_yaml_text", lambda name: TOY_YAML + options)
+    assert error_of(["task=toy"]) == message
+
+
 def test_a_later_argument_wins_at_a_site(toy_task):
     cfg = compose(["task=toy", "attention=lavo", "model.encoder_attention.window=6", "attention.window=10"])
     assert cfg.model.encoder_attention.window == 10 and cfg.model.decoder_attention.window == 10
@@ -194,9 +231,9 @@ CONFIG_ERRORS = [
      "set model.cross_attention to another attention"),
     (["task=toy", "model.cross_attention.windw=3", "model.cross_attention=lavo"],
      "unknown key 'model.cross_attention.windw': model.cross_attention is attention lavo; its keys: window, rank, "
-     "basis, cross_segments, backend"),
+     "basis, cross_segments, memory_bias, backend"),
     (["task=toy", "model.cross_attention.window=3"],
-     "unknown key 'model.cross_attention.window': model.cross_attention is attention softmax; it has no keys to set"),
+     "unknown key 'model.cross_attention.window': model.cross_attention is attention softmax; its keys: alibi"),
     (["task=toy", "model.memory.window=3"],
      "unknown attention site 'model.memory' of task toy; its sites: model.encoder_attention, "
      "model.decoder_attention, model.cross_attention"),

@@ -14,6 +14,7 @@ VOCAB, EOS = 23, 22
 # (decoder self-attention, cross-attention) with keys that fit head dim 8 and short sequences
 ATTENTIONS = {
     "softmax": ("softmax", "softmax", {}),
+    "softmax-alibi": ("softmax", "softmax", {"alibi": True}),  # the task's default softmax
     "local": ("local", "softmax", {"window": 4}),  # local has no cross pattern
     "lavo": ("lavo", "lavo", {"window": 4, "rank": 4}),
     "gsa": ("gsa", "gsa", {"slots": 5}),
