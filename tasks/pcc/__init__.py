@@ -25,6 +25,7 @@ def check_config(cfg: DictConfig) -> None:
     rules = [
         ("data.n_input", data.n_input >= 1, ">= 1"),
         ("data.n_gt", data.n_gt >= 1, ">= 1"),
+        ("data.n_gt_eval", data.n_gt_eval >= 1, ">= 1"),
         ("model.n_proxies", model.n_proxies >= 1, ">= 1"),
         ("data.n_input", data.n_input >= model.n_proxies,
          f">= model.n_proxies={model.n_proxies} (the proxies are input points)"),

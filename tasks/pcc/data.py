@@ -10,7 +10,10 @@ PCN.json is a list of categories, `{"taxonomy_id": "02691156", "taxonomy_name": 
 - A training item is a model with one of its partial views drawn at random each time
   the model is drawn; validation and test items use view `00`.
 - The partial cloud is resampled to `data.n_input` points and the complete one to
-  `data.n_gt`: a random subset when the file has more points, all of them plus random
+  `data.n_gt` in train (the training target) and to `data.n_gt_eval` in val and test
+  (the truth the metrics score against; the F-score's 0.01 threshold means something only
+  where the truth is dense enough that a point on the surface lies within 0.01 of a true
+  point, as with PCN's 16,384 points): a random subset when the file has more points, all of them plus random
   repeats when it has fewer (PoinTr pads with zeros instead; repeats add no point that
   is not on the object). Training draws from torch's global generator (seeded per step
   by the module, and per worker by Lightning); validation and test resample with a
@@ -189,7 +192,8 @@ def resample(points: np.ndarray, n: int, generator: torch.Generator | None = Non
 
 class CompletionDataset(Dataset):
     """Item: `partial` [n_input, 3], `complete` [n_gt, 3], `category` (an index) and
-    `index` (of the sample in the split)."""
+    `index` (of the sample in the split). n_gt is the split's: data.n_gt in train,
+    data.n_gt_eval in val and test."""
 
     def __init__(self, samples: list[Sample], n_input: int, n_gt: int, train: bool):
         self.samples, self.n_input, self.n_gt, self.train = samples, n_input, n_gt, train
@@ -245,7 +249,9 @@ class PCNDataModule(L.LightningDataModule):
         self.categories = [Category(e["taxonomy_id"], e.get("taxonomy_name") or e["taxonomy_id"]) for e in entries]
         for split in SPLITS:
             samples = index_split(self.root, entries, split)
-            self.datasets[split] = CompletionDataset(samples, data.n_input, data.n_gt, train=split == "train")
+            train = split == "train"
+            self.datasets[split] = CompletionDataset(samples, data.n_input, data.n_gt if train else data.n_gt_eval,
+                                                     train=train)
 
     def spec(self) -> dict:
         """What the model and its metrics need: the categories' names, in index order.

@@ -6,12 +6,12 @@ logs `test_cd_l1`, `test_cd_l2`, `test_fscore` of the dense prediction and the s
 category (`test_cd_l1_<category>`, ...), and beside them the figures of the model-free
 baseline that outputs the partial input itself (`test_partial_cd_l1`, ...), on the same
 test clouds. Artifacts: `completions.png` (partial / predicted / true clouds of the first
-PICTURED test models, matplotlib 3-D scatter: open3d's offscreen renderer needs an EGL or
+test model of each category, up to PICTURED of them, matplotlib 3-D scatter: open3d's offscreen renderer needs an EGL or
 X display, which a bare machine lacks) and those predictions as `predictions/*.pcd`.
 
 Test metrics are torchmetrics Metrics (metrics.CompletionScores): with several devices
 each process scores its share of the test set and the figures are those of the whole.
-The pictures are of the first test models that process 0 sees.
+The pictures are of the test models that process 0 sees.
 """
 
 import re
@@ -28,7 +28,7 @@ from .geometry import chamfer_l1_loss
 from .metrics import CompletionScores, completion_metrics
 from .model import PoinTr
 
-PICTURED = 4
+PICTURED = 8  # categories pictured, one test model each
 PICTURE_POINTS = 2048  # drawn per cloud (a random subset of larger ones)
 
 
@@ -76,10 +76,13 @@ class CompletionModule(TaskModule):
         dense = dense.float()
         self.model_scores.update(dense, batch["complete"], batch["category"])
         self.partial_scores.update(batch["partial"], batch["complete"], batch["category"])
-        for i in range(min(PICTURED - len(self.pictured), len(dense))):
-            self.pictured.append({"partial": batch["partial"][i].cpu().numpy(), "predicted": dense[i].cpu().numpy(),
-                                  "true": batch["complete"][i].cpu().numpy(),
-                                  "name": f"{self.category_names[int(batch['category'][i])]}_{int(batch['index'][i])}"})
+        for i in range(len(dense)):
+            name = self.category_names[int(batch["category"][i])]
+            if len(self.pictured) >= PICTURED or any(item["category"] == name for item in self.pictured):
+                continue
+            self.pictured.append({"category": name, "partial": batch["partial"][i].cpu().numpy(),
+                                  "predicted": dense[i].cpu().numpy(), "true": batch["complete"][i].cpu().numpy(),
+                                  "name": f"{name}_{int(batch['index'][i])}"})
 
     def on_test_epoch_end(self) -> None:
         figures = {f"test_{k}": v for k, v in self.model_scores.compute().items()}

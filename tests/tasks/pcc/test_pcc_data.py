@@ -73,9 +73,11 @@ def test_resampling_sizes(tmp_path):
     more = resample(points, 100, torch.Generator().manual_seed(0))
     assert more.shape == (100, 3)
     assert torch.equal(torch.unique(more, dim=0), torch.unique(torch.from_numpy(points), dim=0))  # all, repeated
-    dm = datamodule(write_layout(tmp_path / "pcn", SMALL))
+    dm = datamodule(write_layout(tmp_path / "pcn", SMALL), "data.n_gt_eval=24")
     item = dm.datasets["train"][0]
     assert item["partial"].shape == (16, 3) and item["complete"].shape == (32, 3)
+    for split in ("val", "test"):  # scored against data.n_gt_eval true points, not the training target's
+        assert dm.datasets[split][0]["complete"].shape == (24, 3)
 
 
 def test_missing_complete_file(tmp_path):

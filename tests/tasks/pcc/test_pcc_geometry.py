@@ -175,3 +175,26 @@ def test_nearest_neighbours_ignore_autocast():
         index = knn(prediction, truth, 1)
     assert index.item() == 1
     assert d1.item() == pytest.approx(0.0002 ** 2, rel=1e-3)
+
+
+def test_default_eval_truth_is_dense_enough_for_the_fscore():
+    """Two independent uniform samples of one surface: a perfect completion. Against the
+    default config's val/test truth (data.n_gt_eval points) on a unit-area square (the
+    default shapes' surfaces average 1.2) nearly every predicted point lies within the
+    F-score's 0.01 of a true point, as the Poisson estimate 1 - exp(-n pi r^2 / area)
+    says; so the F-score measures the prediction, not the sampling of the truth."""
+    from lavo_tasks.config import compose
+
+    n_truth = compose(["task=pcc"]).data.n_gt_eval
+    g = torch.Generator().manual_seed(0)
+    flat = lambda n: torch.cat([torch.rand(n, 2, generator=g, dtype=torch.float64),
+                                torch.zeros(n, 1, dtype=torch.float64)], dim=1)
+    truth, prediction = flat(n_truth), flat(4096)
+    distances = torch.cdist(prediction, truth)
+    precision = float((distances.min(1).values < 0.01).double().mean())
+    recall = float((distances.min(0).values < 0.01).double().mean())
+    expected = 1 - math.exp(-n_truth * math.pi * 0.01**2)  # less a little at the square's edges
+    assert precision >= 0.85
+    assert expected - 0.03 < precision <= expected + 0.01
+    fscore = float(completion_metrics(prediction[None], truth[None])["fscore"])
+    assert fscore == pytest.approx(2 * precision * recall / (precision + recall))

@@ -13,7 +13,7 @@ from lavo_tasks.tasks.pcc.data import PCNDataModule, read_pcd
 
 from pcn_layout import SMALL, write_layout
 
-TINY = ["data.n_input=16", "data.n_gt=32", "data.batch_size=2", "model.d_model=16", "model.n_heads=2",
+TINY = ["data.n_input=16", "data.n_gt=32", "data.n_gt_eval=48", "data.batch_size=2", "model.d_model=16", "model.n_heads=2",
         "model.n_proxies=8", "model.n_neighbors=4", "model.encoder_layers=1", "model.decoder_layers=1",
         "model.n_queries=4", "model.fold_points=4", "model.d_ff=32", "trainer.max_steps=2",
         "trainer.val_check_interval=2", "trainer.enable_progress_bar=false"]
@@ -55,5 +55,5 @@ def test_train_a_few_steps(tmp_path, attention):
 
     assert (run / "artifacts" / "completions.png").stat().st_size > 10_000
     clouds = sorted((run / "artifacts" / "predictions").glob("*.pcd"))
-    assert [p.name for p in clouds] == ["airplane_0.pcd", "airplane_1.pcd", "car_2.pcd"]
+    assert [p.name for p in clouds] == ["airplane_0.pcd", "car_2.pcd"]  # the first test model of each category
     assert read_pcd(clouds[0]).shape == (4 * 4 + 16, 3)  # n_queries x fold_points + the input
