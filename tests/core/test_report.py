@@ -43,7 +43,7 @@ def test_table_groups_by_config_and_averages_seeds(tmp_path, capsys):
     make_run(tmp_path, "mixed", ["task=tsf", "model.cross_attention=gsa"], {"test_mse": 7.0}, res)
     text = report.write_report([tmp_path], tmp_path / "out")
     rows = read_csv(tmp_path / "out" / "report.csv")
-    soft = [r for r in rows if r["attention"] == "softmax" and "model.d_model=64" in r["group"]]
+    soft = [r for r in rows if r["attention"] == "softmax(alibi=False)" and "model.d_model=64" in r["group"]]
     assert len(soft) == 1 and soft[0]["n_seeds"] == "2"
     assert float(soft[0]["test_mse_mean"]) == pytest.approx(2.0)
     assert float(soft[0]["test_mse_std"]) == pytest.approx(math.sqrt(2.0))  # sample std of 1 and 3
@@ -55,7 +55,7 @@ def test_table_groups_by_config_and_averages_seeds(tmp_path, capsys):
     mixed = [r for r in rows if "cross gsa" in r["attention"]]
     assert len(mixed) == 1 and "encoder softmax" in mixed[0]["attention"]
     assert "2 configuration group(s)" in text
-    assert "| softmax | 2 ± 1.4 |" in text
+    assert "| softmax(alibi=False) | 2 ± 1.4 |" in text
     assert "test_last_value_mse 0.5" in text  # baselines under the table, not a column
     assert (tmp_path / "out" / "report-1.png").stat().st_size > 0 and (tmp_path / "out" / "report-2.png").is_file()
 

@@ -488,7 +488,7 @@ def test_tsf_forecast_plot_shows_channels_dates_attention_and_metrics(tmp_path, 
     assert {formatter for _, _, formatter in forecast_axes} == {"ConciseDateFormatter"}
     assert any("forecast from 2021-" in title for _, title, _ in forecast_axes)
     title = titles["suptitle"]
-    assert "mode M" in title and "lavo(window=8, rank=4, basis=learned, cross_segments=1)" in title
+    assert "mode M" in title and "lavo(window=8, rank=4, basis=learned, cross_segments=1, memory_bias=0.0)" in title
     assert f"test_mse {metrics['test_mse']:.4g}" in title and f"test_mase {metrics['test_mase']:.4g}" in title
     assert (run_dir / "artifacts" / "forecasts.png").is_file()
     meta = json.loads((run_dir / "metrics.meta.json").read_text())

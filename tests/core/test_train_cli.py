@@ -145,7 +145,7 @@ def test_train_writes_the_run_folder(tiny_task, tmp_path):
 
     saved = OmegaConf.load(run_dir / "config.yaml")
     assert saved.task == "tiny" and saved.run.dir == str(run_dir) and saved.trainer.max_steps == 7
-    assert OmegaConf.to_container(saved.model.attention) == {"name": "softmax"} and saved.run.resume == ""
+    assert OmegaConf.to_container(saved.model.attention) == {"name": "softmax", "alibi": False} and saved.run.resume == ""
     assert json.loads((run_dir / "spec.json").read_text()) == {"vocab_size": 11}
     # Validation at steps 3 and 6, and at 7, where training ends between two intervals.
     lines = read_jsonl(run_dir / "metrics.jsonl")
