@@ -32,10 +32,10 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
     (SDPA alone would give NaN). bias: None, or a float tensor broadcastable to the score
     shape added to the allowed scores. q [..., T, d], k and v [..., S, d] -> [..., T, d]."""
     has_key = allowed.any(dim=-1, keepdim=True)  # [..., T, 1]
-    allowed = allowed | ~has_key
-    if bias is not None:
-        allowed = bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    mask = allowed | ~has_key  # bool; a keyless query sees every key, and is zeroed below
+    if bias is not None:  # as a float mask: the bias where allowed, -inf elsewhere
+        mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return out * has_key
 
 
