@@ -71,3 +71,19 @@ def check_gsa_args(q, k, v, log_alpha, cross, initial_state, kv_mask, cu_seqlens
         n_states = len(cu) - 1
     if initial_state is not None:
         check_state("initial_state", initial_state, n_states, heads, slots, dk, dv, q.device)
+
+
+def check_gsa_step_args(q, k, v, log_alpha, state, scale):
+    """The arguments of `gsa_decode_step` (one token per row)."""
+    check_tensor("q", q, 3, "[B,H,dk]")
+    check_tensor("k", k, 3, "[B,H,dk]")
+    check_tensor("v", v, 3, "[B,H,dv]")
+    check_tensor("log_alpha", log_alpha, 3, "[B,H,M]")
+    (batch, heads, dk), dv, slots = q.shape, v.shape[-1], log_alpha.shape[-1]
+    if k.shape != q.shape or v.shape[:2] != (batch, heads) or log_alpha.shape[:2] != (batch, heads):
+        raise ValueError(f"gsa_decode_step: inconsistent shapes q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}, log_alpha {tuple(log_alpha.shape)}")
+    if any(x.device != q.device for x in (k, v, log_alpha)):
+        raise ValueError("gsa_decode_step: q, k, v, log_alpha must be on one device")
+    check_state("state", state, batch, heads, slots, dk, dv, q.device)
+    check_scale(scale)

@@ -5,7 +5,7 @@ state is in `state.py`.
 """
 
 from ..backend import resolve_backend, run_triton
-from .checks import check_scale, check_state, check_tensor
+from .checks import check_gsa_step_args
 from .torch_path import torch_gsa_step
 
 
@@ -16,19 +16,8 @@ def gsa_decode_step(q, k, v, log_alpha, state, *, scale=None, backend="auto"):
     [B,H,M,dk], V~ [B,H,M,dv]; a plain pair serves too) in fp32. Returns (o [B,H,dv] in
     q's dtype, the new GsaState in fp32; fp64 for fp64 inputs on the PyTorch path).
     """
-    check_tensor("q", q, 3, "[B,H,dk]")
-    check_tensor("k", k, 3, "[B,H,dk]")
-    check_tensor("v", v, 3, "[B,H,dv]")
-    check_tensor("log_alpha", log_alpha, 3, "[B,H,M]")
-    (batch, heads, dk), dv, slots = q.shape, v.shape[-1], log_alpha.shape[-1]
-    if k.shape != q.shape or v.shape[:2] != (batch, heads) or log_alpha.shape[:2] != (batch, heads):
-        raise ValueError(f"gsa_decode_step: inconsistent shapes q {tuple(q.shape)}, k {tuple(k.shape)}, "
-                         f"v {tuple(v.shape)}, log_alpha {tuple(log_alpha.shape)}")
-    if any(x.device != q.device for x in (k, v, log_alpha)):
-        raise ValueError("gsa_decode_step: q, k, v, log_alpha must be on one device")
-    check_state("state", state, batch, heads, slots, dk, dv, q.device)
-    check_scale(scale)
-    scale = dk ** -0.5 if scale is None else float(scale)
+    check_gsa_step_args(q, k, v, log_alpha, state, scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     run_torch = lambda: torch_gsa_step(q, k, v, log_alpha, state, scale=scale)  # noqa: E731
     if resolve_backend(backend, q) == "triton":
         def run_kernel():
