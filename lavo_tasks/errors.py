@@ -1,7 +1,8 @@
-"""The one error type a bad configuration or bad input raises.
+"""The errors the CLIs print as one line: bad configuration or input, and divergence.
 
-The CLIs catch it and print its message as one line (no traceback) and exit non-zero,
-so the message must name the key, file, line or value and say what is allowed.
+The CLIs catch them and print the message as one line (no traceback) and exit non-zero,
+so a ConfigError's message must name the key, file, line or value and say what is
+allowed, and Diverged's the step and what to change.
 """
 
 
@@ -11,3 +12,8 @@ class ConfigError(ValueError):
 
 class DataError(ConfigError):
     """An input file is malformed: the message names the file (and line/column)."""
+
+
+class Diverged(RuntimeError):
+    """The training loss became NaN or infinite: the run stops there (the weights after
+    that step are not written; best.ckpt and last.ckpt keep the ones before)."""

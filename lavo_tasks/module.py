@@ -8,6 +8,7 @@ import torch
 from omegaconf import DictConfig
 
 from .data import step_seed
+from .errors import Diverged
 
 
 class TaskModule(L.LightningModule):
@@ -49,6 +50,15 @@ class TaskModule(L.LightningModule):
         # Dropout and any other randomness in a step depend on (seed, step) only, so a
         # resumed run repeats an uninterrupted one exactly.
         torch.manual_seed(step_seed(self.cfg.seed, self.global_step))
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        # A non-finite loss has already made the weights NaN through the optimiser step;
+        # stop rather than train on for the rest of the run. One host sync a step.
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is not None and not torch.isfinite(loss.detach()).all():
+            raise Diverged(f"train_loss is {loss.item()} at step {self.global_step}; lower optim.lr, keep "
+                           f"optim.grad_clip above 0 or use trainer.precision=32-true (best.ckpt holds the weights "
+                           f"of the best validation before it)")
 
     def configure_optimizers(self):
         opt = self.cfg.optim

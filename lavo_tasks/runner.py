@@ -41,7 +41,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
 from . import tasks
-from .errors import ConfigError
+from .errors import ConfigError, Diverged
 from .files import write_atomically
 from .kernels.common import interpreted
 from .plots import attention_label, plot_loss_curve
@@ -654,7 +654,8 @@ def run_cli(body, argv: list[str], usage) -> int:
     """Run `body(argv)` as a command: `-h`/`--help` prints `usage(argv)`; a ConfigError
     (bad input) prints `error: <message>` as one line on stderr, no traceback, exit code
     2; Interrupted (a signal, last.ckpt written) and Ctrl-C outside training steps print
-    one line too, exit code 128 + the signal's number."""
+    one line too, exit code 128 + the signal's number; Diverged (a non-finite training
+    loss) prints one line, exit code 1."""
     try:
         if "-h" in argv or "--help" in argv:
             print(usage([arg for arg in argv if arg not in ("-h", "--help")]))
@@ -666,6 +667,9 @@ def run_cli(body, argv: list[str], usage) -> int:
     except Interrupted as err:
         print(f"stopped: {err}", file=sys.stderr)
         return 128 + err.signum
+    except Diverged as err:
+        print(f"stopped: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("stopped: SIGINT outside a training step, so no checkpoint was written now", file=sys.stderr)
         return 128 + signal.SIGINT

@@ -530,3 +530,22 @@ def test_an_unknown_task_or_a_task_without_its_package_is_one_line(tmp_path, mon
     assert train.main(["task=ghost", f"run.dir={tmp_path / 'run'}"]) == 2
     assert capsys.readouterr().err == ("error: task='ghost': lavo_tasks.tasks.ghost must export "
                                        "TASK = lavo_tasks.task.Task(name='ghost', ...)\n")
+
+
+def test_a_non_finite_loss_stops_the_run_in_one_line(tiny_task, tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "run"
+    healthy = TinyModule.training_step
+
+    def nan_from_step_5(self, batch, batch_idx):
+        loss = healthy(self, batch, batch_idx)
+        return loss * float("nan") if self.global_step >= 4 else loss
+
+    monkeypatch.setattr(TinyModule, "training_step", nan_from_step_5)
+    assert train.main(["task=tiny", f"run.dir={run_dir}", "trainer.max_steps=8"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("stopped: train_loss is nan at step 5;") and err.count("\n") == 1, err
+    assert not (run_dir / "metrics.json").exists()  # no test of NaN weights
+    for name in ("best", "last"):  # both from the validation at step 3, before the loss went NaN
+        checkpoint = torch.load(run_dir / "checkpoints" / f"{name}.ckpt", weights_only=False)
+        assert checkpoint["global_step"] == 3, name
+        assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values()), name
