@@ -1,7 +1,7 @@
 """Training and evaluation of the completion model.
 
 Loss: PoinTr's, CD-l1 of the coarse points plus CD-l1 of the dense points, each against
-the complete cloud. Validation logs `val_loss` and `val_cd_l1` (dense, x 1000). Test
+the complete cloud. Validation logs `val_loss`, `val_cd_l1` (dense, x 1000) and `val_fscore`. Test
 logs `test_cd_l1`, `test_cd_l2`, `test_fscore` of the dense prediction and the same per
 category (`test_cd_l1_<category>`, ...), and beside them the figures of the model-free
 baseline that outputs the partial input itself (`test_partial_cd_l1`, ...), on the same
@@ -64,7 +64,9 @@ class CompletionModule(TaskModule):
         loss, dense = self.loss(batch)
         size = len(batch["partial"])
         self.log("val_loss", loss, prog_bar=True, batch_size=size)
-        self.log("val_cd_l1", completion_metrics(dense, batch["complete"])["cd_l1"].mean(), batch_size=size)
+        scores = completion_metrics(dense, batch["complete"])
+        self.log("val_cd_l1", scores["cd_l1"].mean(), batch_size=size)
+        self.log("val_fscore", scores["fscore"].mean(), batch_size=size)
 
     def on_test_epoch_start(self) -> None:
         self.model_scores.reset()
