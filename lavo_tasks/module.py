@@ -53,12 +53,18 @@ class TaskModule(L.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         # A non-finite loss has already made the weights NaN through the optimiser step;
-        # stop rather than train on for the rest of the run. One host sync a step.
+        # stop rather than train on for the rest of the run. Every process decides
+        # together (one host sync and, with several processes, one all-reduce a step):
+        # a process that stopped alone would leave the others waiting in a collective.
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if loss is not None and not torch.isfinite(loss.detach()).all():
-            raise Diverged(f"train_loss is {loss.item()} at step {self.global_step}; lower optim.lr, keep "
-                           f"optim.grad_clip above 0 or use trainer.precision=32-true (best.ckpt holds the weights "
-                           f"of the best validation before it)")
+        if loss is None:
+            return
+        value = loss.detach().float().item()
+        if self.trainer.strategy.reduce_boolean_decision(math.isfinite(value), all=True):
+            return
+        what = f"train_loss is {value}" if not math.isfinite(value) else "another process's train_loss is not finite"
+        raise Diverged(f"{what} at step {self.global_step}; lower optim.lr, keep optim.grad_clip above 0 or use "
+                       f"trainer.precision=32-true (best.ckpt holds the weights of the best validation before it)")
 
     def configure_optimizers(self):
         opt = self.cfg.optim

@@ -127,3 +127,43 @@ def test_test_metrics_are_the_same_on_one_and_two_processes(task, tmp_path):
     # The same sums in another order: equal to float32 rounding of the model's outputs.
     assert two == pytest.approx(one, rel=1e-5), {k: (one[k], two[k]) for k in one if one[k] != two[k]}
     assert "sync_dist=True" not in result.stderr  # the metrics are summed already; no reminder to sync them
+
+
+NAN_ON_RANK_1 = """
+import sys
+sys.path.insert(0, {tests!r})
+import lavo_tasks.tasks
+from lavo_tasks.task import Task
+import test_train_cli as tiny
+task = Task(name="tiny", DataModule=tiny.TinyData, Module=tiny.TinyModule, check_config=tiny.check_tiny_config,
+            sites={{"attention": "CS"}})
+names, load, task_yaml = lavo_tasks.tasks.task_names, lavo_tasks.tasks.load_task, lavo_tasks.tasks.task_yaml_text
+lavo_tasks.tasks.task_names = lambda: sorted([*names(), "tiny"])
+lavo_tasks.tasks.load_task = lambda n: task if n == "tiny" else load(n)
+lavo_tasks.tasks.task_yaml_text = lambda n: tiny.TINY_YAML if n == "tiny" else task_yaml(n)
+healthy = tiny.TinyModule.training_step
+def nan_on_rank_1(self, batch, batch_idx):
+    loss = healthy(self, batch, batch_idx)
+    return loss * float("nan") if self.global_rank == 1 and self.global_step >= 2 else loss
+tiny.TinyModule.training_step = nan_on_rank_1
+from lavo_tasks import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_on_one_process_stops_every_process(tmp_path):
+    """Rank 1's loss turns NaN at step 3 while rank 0's stays finite: both stop at that
+    step (neither waits for the other in the next step's gradient all-reduce)."""
+    from pathlib import Path
+
+    driver = tmp_path / "driver.py"
+    driver.write_text(NAN_ON_RANK_1.format(tests=str(Path(__file__).parent)))
+    result = subprocess.run([sys.executable, str(driver), "task=tiny", f"run.dir={tmp_path / 'run'}",
+                             "trainer.max_steps=8", "trainer.accelerator=cpu", "trainer.devices=2",
+                             "trainer.strategy=ddp"], capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    assert result.returncode == 1, result.stderr[-3000:]
+    # Each process prints its line (the two may share a line of the captured stream).
+    assert "stopped: train_loss is nan at step 3;" in result.stderr, result.stderr[-3000:]
+    assert "stopped: another process's train_loss is not finite at step 3;" in result.stderr, result.stderr[-3000:]
+    assert not (tmp_path / "run" / "metrics.json").exists()
