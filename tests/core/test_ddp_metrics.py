@@ -11,6 +11,8 @@ To cover a task, add a function to TINY_RUNS that returns the arguments of a tin
 least 2 batches (so each process has a share), without
 trainer.limit_test_batches (it counts each process's batches, so 1 and 2 processes would
 test different items).
+
+The last test: a training loss that turns NaN on one process stops both at that step.
 """
 
 import json
