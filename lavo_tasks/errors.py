@@ -15,5 +15,5 @@ class DataError(ConfigError):
 
 
 class Diverged(RuntimeError):
-    """The training loss became NaN or infinite: the run stops there (the weights after
-    that step are not written; best.ckpt and last.ckpt keep the ones before)."""
+    """A training step's gradients are NaN or infinite: the run stops before applying
+    them, so best.ckpt and last.ckpt keep the weights from before."""

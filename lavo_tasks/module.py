@@ -51,20 +51,26 @@ class TaskModule(L.LightningModule):
         # resumed run repeats an uninterrupted one exactly.
         torch.manual_seed(step_seed(self.cfg.seed, self.global_step))
 
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        # A non-finite loss has already made the weights NaN through the optimiser step;
-        # stop rather than train on for the rest of the run. Every process decides
-        # together (one host sync and, with several processes, one all-reduce a step):
-        # a process that stopped alone would leave the others waiting in a collective.
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if loss is None:
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        self._step_loss = loss.detach()  # (the last micro-batch's, with accumulation) for Diverged's message
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # A NaN or infinite gradient would make the weights NaN in the update about to be
+        # applied: stop before it, so no checkpoint ever holds such weights. The gradients
+        # are already all-reduced here, so with several processes every one stops at the
+        # same step. fp16's loss scaler skips such steps itself. One host sync a step.
+        if str(self.trainer.precision).startswith("16"):
             return
-        value = loss.detach().float().item()
-        if self.trainer.strategy.reduce_boolean_decision(math.isfinite(value), all=True):
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads or torch.nn.utils.get_total_norm(grads).isfinite():
             return
-        what = f"train_loss is {value}" if not math.isfinite(value) else "another process's train_loss is not finite"
-        raise Diverged(f"{what} at step {self.global_step}; lower optim.lr, keep optim.grad_clip above 0 or use "
-                       f"trainer.precision=32-true (best.ckpt holds the weights of the best validation before it)")
+        step = self.global_step + 1  # the update this would have been, counted as the logs count steps
+        loss = float(self._step_loss)
+        best = Path(self.cfg.run.dir) / "checkpoints" / "best.ckpt"
+        kept = f"; {best} holds the weights of the best validation before it" if best.is_file() else ""
+        raise Diverged(f"the gradients are not finite at step {step} (train_loss {loss} on this process); start a new "
+                       f"run.dir with a lower optim.lr or optim.grad_clip above 0, or resume with "
+                       f"trainer.precision=32-true{kept}")
 
     def configure_optimizers(self):
         opt = self.cfg.optim

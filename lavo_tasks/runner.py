@@ -654,8 +654,8 @@ def run_cli(body, argv: list[str], usage) -> int:
     """Run `body(argv)` as a command: `-h`/`--help` prints `usage(argv)`; a ConfigError
     (bad input) prints `error: <message>` as one line on stderr, no traceback, exit code
     2; Interrupted (a signal, last.ckpt written) and Ctrl-C outside training steps print
-    one line too, exit code 128 + the signal's number; Diverged (a non-finite training
-    loss) prints one line, exit code 1."""
+    one line too, exit code 128 + the signal's number; Diverged (non-finite
+    gradients) prints one line, exit code 1."""
     try:
         if "-h" in argv or "--help" in argv:
             print(usage([arg for arg in argv if arg not in ("-h", "--help")]))

@@ -2,7 +2,8 @@
 With `--multirun` (or `-m`), comma lists of values make a grid of runs (lavo_tasks.sweep).
 
 In Python: `lavo_tasks.train.run(["task=lm", "trainer.max_steps=50"])` returns the test
-metrics (and raises ConfigError for bad arguments); `main(argv)` is the command itself.
+metrics (and raises ConfigError for bad arguments, Interrupted on a signal, Diverged on
+non-finite gradients); `main(argv)` is the command itself.
 """
 
 import sys

@@ -541,11 +541,22 @@ def test_a_non_finite_loss_stops_the_run_in_one_line(tiny_task, tmp_path, monkey
         return loss * float("nan") if self.global_step >= 4 else loss
 
     monkeypatch.setattr(TinyModule, "training_step", nan_from_step_5)
-    assert train.main(["task=tiny", f"run.dir={run_dir}", "trainer.max_steps=8"]) == 1
+    # run.checkpoint_every=1 writes last.ckpt after every step: it must never get the NaN update.
+    assert train.main(["task=tiny", f"run.dir={run_dir}", "trainer.max_steps=8", "run.checkpoint_every=1"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("stopped: train_loss is nan at step 5;") and err.count("\n") == 1, err
+    assert err.startswith("stopped: the gradients are not finite at step 5 (train_loss nan on this process); ")
+    assert err.endswith(f"; {run_dir / 'checkpoints' / 'best.ckpt'} holds the weights of the best validation "
+                        f"before it\n") and err.count("\n") == 1, err
     assert not (run_dir / "metrics.json").exists()  # no test of NaN weights
-    for name in ("best", "last"):  # both from the validation at step 3, before the loss went NaN
+    for name, step in (("best", 3), ("last", 4)):  # the validation at step 3; the step before the NaN
         checkpoint = torch.load(run_dir / "checkpoints" / f"{name}.ckpt", weights_only=False)
-        assert checkpoint["global_step"] == 3, name
+        assert checkpoint["global_step"] == step, name
         assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values()), name
+
+
+def test_a_non_finite_loss_before_any_validation_names_no_best_ckpt(tiny_task, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(TinyModule, "training_step", lambda self, batch, i: self.loss(batch)[0] * float("inf"))
+    assert train.main(["task=tiny", f"run.dir={tmp_path / 'run'}", "trainer.max_steps=8"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("stopped: the gradients are not finite at step 1 (train_loss inf on this process); ")
+    assert "best.ckpt" not in err, err
