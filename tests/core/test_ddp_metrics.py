@@ -134,24 +134,11 @@ def test_test_metrics_are_the_same_on_one_and_two_processes(task, tmp_path):
 
 
 NAN_ON_RANK_1 = """
-import sys
-sys.path.insert(0, {tests!r})
-import lavo_tasks.tasks
-from lavo_tasks.task import Task
-import test_train_cli as tiny
-task = Task(name="tiny", DataModule=tiny.TinyData, Module=tiny.TinyModule, check_config=tiny.check_tiny_config,
-            sites={{"attention": "CS"}})
-names, load, task_yaml = lavo_tasks.tasks.task_names, lavo_tasks.tasks.load_task, lavo_tasks.tasks.task_yaml_text
-lavo_tasks.tasks.task_names = lambda: sorted([*names(), "tiny"])
-lavo_tasks.tasks.load_task = lambda n: task if n == "tiny" else load(n)
-lavo_tasks.tasks.task_yaml_text = lambda n: tiny.TINY_YAML if n == "tiny" else task_yaml(n)
 healthy = tiny.TinyModule.training_step
 def nan_on_rank_1(self, batch, batch_idx):
     loss = healthy(self, batch, batch_idx)
     return loss * float("nan") if self.global_rank == 1 and self.global_step >= 2 else loss
 tiny.TinyModule.training_step = nan_on_rank_1
-from lavo_tasks import train
-sys.exit(train.main(sys.argv[1:]))
 """
 
 
@@ -159,10 +146,10 @@ sys.exit(train.main(sys.argv[1:]))
 def test_a_non_finite_loss_on_one_process_stops_every_process(tmp_path):
     """Rank 1's loss turns NaN at step 3 while rank 0's stays finite: the all-reduced
     gradients are NaN on both, and both stop at that step, each with its own line."""
-    from pathlib import Path
+    from test_train_cli import tiny_driver
 
     driver = tmp_path / "driver.py"
-    driver.write_text(NAN_ON_RANK_1.format(tests=str(Path(__file__).parent)))
+    driver.write_text(tiny_driver(NAN_ON_RANK_1))
     result = subprocess.run([sys.executable, str(driver), "task=tiny", f"run.dir={tmp_path / 'run'}",
                              "trainer.max_steps=8", "trainer.accelerator=cpu", "trainer.devices=2",
                              "trainer.strategy=ddp"], capture_output=True, text=True, cwd=tmp_path, timeout=240)

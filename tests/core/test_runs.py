@@ -23,7 +23,8 @@ import pandas as pd
 import pytest
 import torch
 from omegaconf import OmegaConf
-from test_train_cli import TINY_YAML, TRAIN_LOADER_STARTS, TinyModule, read_jsonl, tiny_task, train_until_crash  # noqa: F401
+from test_train_cli import (TINY_YAML, TRAIN_LOADER_STARTS, TinyModule, read_jsonl, tiny_driver,  # noqa: F401
+                            tiny_task, train_until_crash)
 
 import lavo_tasks.config
 import lavo_tasks.runner
@@ -31,7 +32,6 @@ from lavo_tasks import evaluate, train
 from lavo_tasks.files import write_atomically
 from lavo_tasks.module import TaskModule
 
-TESTS = Path(__file__).parent  # holds test_train_cli.py
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -100,30 +100,15 @@ def test_a_signal_in_the_last_step_finishes_training_and_skips_the_test(tiny_tas
     assert json.loads((run_dir / "metrics.json").read_text()) == metrics
 
 
-DRIVER = """
-import sys, time
-sys.path.insert(0, {tests!r})
-import lavo_tasks.tasks
-from lavo_tasks.task import Task
-import test_train_cli as tiny
-task = Task(name="tiny", DataModule=tiny.TinyData, Module=tiny.TinyModule, check_config=tiny.check_tiny_config,
-            sites={{"attention": "CS"}})
-names, load, task_yaml = lavo_tasks.tasks.task_names, lavo_tasks.tasks.load_task, lavo_tasks.tasks.task_yaml_text
-lavo_tasks.tasks.task_names = lambda: sorted([*names(), "tiny"])
-lavo_tasks.tasks.load_task = lambda n: task if n == "tiny" else load(n)
-lavo_tasks.tasks.task_yaml_text = lambda n: tiny.TINY_YAML if n == "tiny" else task_yaml(n)
 # Steps of at least 20 ms, so that the signal comes while training runs.
-tiny.TinyModule.on_train_batch_end = lambda self, *args: time.sleep(0.02)
-from lavo_tasks import train
-sys.exit(train.main(sys.argv[1:]))
-"""
+DRIVER = tiny_driver("import time\ntiny.TinyModule.on_train_batch_end = lambda self, *args: time.sleep(0.02)")
 
 
 def test_sigint_to_a_training_process_then_resume(tiny_task, tmp_path):
     """A real Ctrl-C from outside: the process writes last.ckpt, exits 130, and the
     resumed run ends with the metrics of an uninterrupted one."""
     driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER.format(tests=str(TESTS)))
+    driver.write_text(DRIVER)
     args = ["task=tiny", "trainer.max_steps=30", "trainer.val_check_interval=1000", "trainer.log_every_n_steps=1"]
     stopped = tmp_path / "stopped"
     process = subprocess.Popen([sys.executable, str(driver), *args, f"run.dir={stopped}"], stderr=subprocess.PIPE,

@@ -135,6 +135,28 @@ def tiny_task(register_task):
     SPEC_CALLS.clear()
 
 
+def tiny_driver(patch: str) -> str:
+    """The text of a script that registers the tiny task, runs `patch` (Python source
+    that may change `tiny.TinyModule`), then `train.main(sys.argv[1:])`: for tests that
+    need the tiny task in a process of its own."""
+    return f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import lavo_tasks.tasks
+from lavo_tasks.task import Task
+import test_train_cli as tiny
+task = Task(name="tiny", DataModule=tiny.TinyData, Module=tiny.TinyModule, check_config=tiny.check_tiny_config,
+            sites={{"attention": "CS"}})
+names, load, task_yaml = lavo_tasks.tasks.task_names, lavo_tasks.tasks.load_task, lavo_tasks.tasks.task_yaml_text
+lavo_tasks.tasks.task_names = lambda: sorted([*names(), "tiny"])
+lavo_tasks.tasks.load_task = lambda n: task if n == "tiny" else load(n)
+lavo_tasks.tasks.task_yaml_text = lambda n: tiny.TINY_YAML if n == "tiny" else task_yaml(n)
+{patch}
+from lavo_tasks import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
 def read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
