@@ -308,3 +308,10 @@ def test_the_cab_presets_give_cabs_sizes(task, model_keys, data_keys):
     validate(cfg)
     assert {key: cfg.model[key] for key in model_keys} == model_keys
     assert {key: cfg.data[key] for key in data_keys} == data_keys
+
+
+def test_the_pcc_cab_preset_sets_pointrs_lr_and_an_override_still_wins():
+    assert compose(["task=pcc"]).optim.lr == 0.002
+    cab = compose(["task=pcc", "model.preset=cab"])
+    assert (cab.optim.lr, cab.model.d_model, cab.model.n_queries, cab.data.n_gt) == (0.0005, 384, 224, 16384)
+    assert compose(["task=pcc", "model.preset=cab", "optim.lr=0.001"]).optim.lr == 0.001
