@@ -54,23 +54,30 @@ class TaskModule(L.LightningModule):
     def on_before_backward(self, loss: torch.Tensor) -> None:
         self._step_loss = loss.detach()  # (the last micro-batch's, with accumulation) for Diverged's message
 
-    def on_before_optimizer_step(self, optimizer) -> None:
-        # A NaN or infinite gradient would make the weights NaN in the update about to be
-        # applied: stop before it, so no checkpoint ever holds such weights. The gradients
-        # are already all-reduced here, so with several processes every one stops at the
-        # same step. fp16's loss scaler skips such steps itself. One host sync a step.
-        if str(self.trainer.precision).startswith("16"):
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip (optim.grad_clip, passed to the Trainer) and stop on a non-finite gradient,
+        from one norm of the gradients.
+
+        A NaN or infinite gradient would make the weights NaN in the update about to be
+        applied: the run stops before it, so no checkpoint ever holds such weights. The
+        gradients are all-reduced by now, so with several processes every one stops at
+        the same step. fp16's loss scaler skips such steps itself. One host sync a step."""
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not params:
             return
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if not grads or torch.nn.utils.get_total_norm(grads).isfinite():
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm"):  # Lightning's default clipping
+            norm = torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)  # returns the norm before clipping
+        else:  # no clipping, or trainer.gradient_clip_algorithm=value
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if norm.isfinite() or str(self.trainer.precision).startswith("16"):
             return
         step = self.global_step + 1  # the update this would have been, counted as the logs count steps
-        loss = float(self._step_loss)
         best = Path(self.cfg.run.dir) / "checkpoints" / "best.ckpt"
         kept = f"; {best} holds the weights of the best validation before it" if best.is_file() else ""
-        raise Diverged(f"the gradients are not finite at step {step} (train_loss {loss} on this process); start a new "
-                       f"run.dir with a lower optim.lr or optim.grad_clip above 0, or resume with "
-                       f"trainer.precision=32-true{kept}")
+        raise Diverged(f"the gradients are not finite at step {step} (train_loss {float(self._step_loss)} on this "
+                       f"process); start a new run.dir with a lower optim.lr or optim.grad_clip above 0, or resume "
+                       f"with trainer.precision=32-true{kept}")
 
     def configure_optimizers(self):
         opt = self.cfg.optim
