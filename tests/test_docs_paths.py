@@ -60,3 +60,19 @@ def test_every_cited_path_and_link_exists():
             elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
                 missing.append(f"{doc}: link {target} (no such heading)")
     assert not missing, "cited but absent:\n" + "\n".join(missing)
+
+
+def test_sections_of_benchmarks_md_cited_in_the_code_exist():
+    """A comment or docstring that cites a section of benchmarks.md (the path, a comma and the
+    quoted start of a heading) names a heading that exists."""
+    headings = re.findall(r"^#+ (.+)$", (ROOT / "docs" / "benchmarks.md").read_text(), flags=re.M)
+    cited = []
+    for folder in ("lavo_tasks", "kernels", "tasks", "configs", "benchmarks", "tests"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in (".py", ".yaml", ".sh"):
+                continue
+            text = re.sub(r"\s*\n\s*(#\s*)?", " ", path.read_text())  # comment lines joined
+            cited += [(path.relative_to(ROOT), name) for name in re.findall(r'docs/benchmarks\.md, "([^"]+)"', text)]
+    assert cited, "no citation found: the pattern no longer matches the code's style"
+    missing = [f"{path}: {name}" for path, name in cited if not any(h.startswith(name) for h in headings)]
+    assert not missing, "cited sections absent from docs/benchmarks.md:\n" + "\n".join(missing)
