@@ -90,6 +90,7 @@ class Table:
 
     name: str
     takes: Callable[[dict], bool]
+    fields: tuple[str, ...]  # what every row it takes must hold
     key: Callable[[dict], tuple]
     draw: Callable[[dict, Callable[[tuple], str]], list[str]]  # (cells by key, key -> source mark) -> lines
 
@@ -123,22 +124,31 @@ def draw_tasks(cells, source):
     return lines
 
 
+def fmt_len(tokens: int) -> str:
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
+
+
 def kernel_shape(r: dict) -> str:
-    return f"{r['B']} x {r['T'] // 1024}K"
+    return f"{r['B']} x {fmt_len(r['T'])}"
 
 
 TABLES = [
-    Table("kernel-train", lambda r: r.get("kind") == "kernel", lambda r: (r["op"], (r["T"], r["B"])),
+    Table("kernel-train", lambda r: r.get("kind") == "kernel", ("op", "B", "T", "fwd_ms", "fwd_bwd_ms", "peak_mib"),
+          lambda r: (r["op"], (r["T"], r["B"])),
           wide(kernel_shape, "B x T", KERNEL_OPS,
                lambda r: f"{r['fwd_ms']:.2f} / {r['fwd_bwd_ms']:.2f} ({r['peak_mib']:.0f})", OP_HEADERS)),
-    Table("kernel-decode", lambda r: r.get("kind") == "decode", lambda r: (r["op"], (r["T"], r["B"])),
+    Table("kernel-decode", lambda r: r.get("kind") == "decode", ("op", "B", "T", "decode_ms", "state_mib"),
+          lambda r: (r["op"], (r["T"], r["B"])),
           wide(kernel_shape, "batch x context", KERNEL_OPS,
                lambda r: f"{r['decode_ms']:.3f} ms, {fmt_mib(r['state_mib'])}",
                {"softmax": "softmax (SDPA + KV cache)", "fla_gsa": "fla `fused_recurrent_gsa`"})),
-    Table("e2e-lm-length", lambda r: "task" not in r and "tokens_per_s" in r, lambda r: (r["attention"], r["T"]),
-          wide(lambda r: f"{r['T'] // 1024}K", "T", ATTENTIONS,
+    Table("e2e-lm-length", lambda r: "task" not in r and "tokens_per_s" in r, ("attention", "T", "step_ms"),
+          lambda r: (r["attention"], r["T"]),
+          wide(lambda r: fmt_len(r["T"]), "T", ATTENTIONS,
                lambda r: f"{fmt_k(r['tokens_per_s'])} ({r['step_ms']:.0f})")),
-    Table("e2e-tasks", lambda r: "task" in r and "samples_per_s" in r, lambda r: (r["task"], r["attention"]), draw_tasks),
+    Table("e2e-tasks", lambda r: "task" in r and "samples_per_s" in r,
+          ("attention", "batch", "tokens_per_s", "step_ms", "peak_gib", "params"), lambda r: (r["task"], r["attention"]),
+          draw_tasks),
 ]
 
 
@@ -151,6 +161,9 @@ def build_tables(rows: list[tuple[Path, int, dict]]) -> dict[str, str]:
         if table is None:
             raise ReportError(f"{path}:{number}: no table in lavo_tasks/bench_report.py takes this row "
                               f"(keys: {', '.join(sorted(row))}); add one")
+        missing = [field for field in table.fields if field not in row]
+        if missing:
+            raise ReportError(f"{path}:{number}: a row of table {table.name} lacks {', '.join(missing)}")
         key = table.key(row)
         cells[table.name][key] = row
         origin[table.name][key] = path

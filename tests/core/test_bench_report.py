@@ -85,3 +85,23 @@ def test_the_tasks_table_names_the_cross_fallback():
 
 def test_the_committed_page_is_up_to_date_with_docs_bench():
     assert bench_report.main([str(ROOT / "docs" / "bench"), "--check"]) == 0
+
+
+def test_a_row_without_a_field_its_table_needs_is_one_line(tmp_path, capsys):
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    row = kernel("gsa", 1000, 1.0, 4.0)
+    del row["peak_mib"]
+    write(bench, "2026-01-01-gpu.jsonl", [kernel("gsa", 1000, 1.0, 4.0), row])
+    (tmp_path / "benchmarks.md").write_text(PAGE)
+    assert bench_report.main([str(bench)]) == 2
+    assert "2026-01-01-gpu.jsonl:2: a row of table kernel-train lacks peak_mib" in capsys.readouterr().err
+    assert bench_report.kernel_shape({"B": 3, "T": 1000}) == "3 x 1000"  # lengths that are not whole K
+
+
+def test_a_missing_folder_or_page_is_one_line(tmp_path, capsys):
+    assert bench_report.main([str(tmp_path / "nowhere")]) == 2
+    assert "nowhere: no such folder" in capsys.readouterr().err
+    (tmp_path / "bench").mkdir()
+    assert bench_report.main([str(tmp_path / "bench")]) == 2
+    assert "benchmarks.md: no such page" in capsys.readouterr().err
