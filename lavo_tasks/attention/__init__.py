@@ -28,7 +28,7 @@ block's dependencies (Triton, for instance) load only when that block is used.
 """
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ..errors import ConfigError
 from .base import PATTERN_NAMES, AttentionBlock, pattern_of
@@ -102,7 +102,28 @@ def build_attention(cfg: Mapping, d_model: int, n_heads: int, *, causal: bool, c
     return cls(d_model, n_heads, causal=causal, cross=cross, **options)
 
 
+# What a layer or stack takes for one attention site: a site's config (a mapping, built by
+# build_attention), or a block class or any callable taking (d_model, n_heads, *, causal,
+# cross), such as functools.partial(LavoAttention, rank=8).
+AttentionSpec = Mapping | Callable[..., AttentionBlock]
+
+
+def make_attention(spec: AttentionSpec, d_model: int, n_heads: int, *, causal: bool, cross: bool) -> AttentionBlock:
+    """The block of one attention site from `spec` (AttentionSpec): a mapping's errors name
+    its keys (ConfigError), a class's name its arguments (ValueError)."""
+    if isinstance(spec, Mapping):
+        return build_attention(spec, d_model, n_heads, causal=causal, cross=cross)
+    if not callable(spec):
+        raise TypeError(f"attention: expected a block class (or a callable that builds one) or a mapping with a name, "
+                        f"got {type(spec).__name__}")
+    block = spec(d_model, n_heads, causal=causal, cross=cross)
+    if not isinstance(block, AttentionBlock):
+        raise TypeError(f"attention: {spec!r} built a {type(block).__name__}, not an attention block")
+    return block
+
+
 __all__ = [
-    "ATTENTION_NAMES", "AttentionBlock", "GatedSlotAttention", "LavoAttention", "LocalAttention", "PATTERN_NAMES",
-    "SoftmaxAttention", "block_class", "build_attention", "check_attention_config", "config_key", "pattern_of",
+    "ATTENTION_NAMES", "AttentionBlock", "AttentionSpec", "GatedSlotAttention", "LavoAttention", "LocalAttention",
+    "PATTERN_NAMES", "SoftmaxAttention", "block_class", "build_attention", "check_attention_config", "config_key",
+    "make_attention", "pattern_of",
 ]
