@@ -408,7 +408,8 @@ def test_blocks_by_keywords_name_the_argument():
         (LavoAttention, dict(rank=99), "rank=99: must be an integer between 1 and the head dim 8 "
                                         "(d_model=16 / n_heads=2)",
          "attention.rank=99: must be an integer between 1 and the head dim 8 (model.d_model=16 / model.n_heads=2)"),
-        (LocalAttention, dict(window=0), "window=0: must be an integer >= 1", "attention.window=0: must be an integer >= 1"),
+        (LocalAttention, dict(window=0), "window=0: must be an integer >= 1",
+         "attention.window=0: must be an integer >= 1"),
     ]
     for cls, options, plain, keyed in cases:
         with pytest.raises(ValueError) as err:
