@@ -3,8 +3,8 @@ checks, the decode-state rules, splitting heads and zeroing padded queries.
 
 A subclass sets `name` and `patterns`, takes its own keyword arguments with defaults
 (the ones of configs/attention/<name>.yaml), extends `check_arguments` (a ValueError
-naming the argument; the config layer, lavo_tasks.attention.check_attention_config, has
-the same check name the config keys instead) and implements
+naming the argument; the config layer, lavo_tasks.attention.check_attention_config, runs
+the same check naming the config keys) and implements
 
     _whole(x, source, key_mask) -> y [B, T, D]       the whole sequence (training)
     _step(x, state) -> (y [B, t, D], state)          t positions after those `state` saw
