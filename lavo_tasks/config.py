@@ -35,7 +35,7 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import tasks
-from .attention import ATTENTION_NAMES, PATTERN_NAMES, block_class
+from .attention import ATTENTION_NAMES, PATTERN_NAMES, block_class, check_attention_config
 from .errors import ConfigError
 
 DEFAULT_ATTENTION = "softmax"
@@ -329,7 +329,7 @@ def _check_site(cfg: DictConfig, site: str, pattern: str) -> None:
                           f"{PATTERN_NAMES[pattern]} ({pattern}), which this site needs; it supports: {supported}; "
                           f"set model.{site} to another attention")
     try:
-        block.check_config(attention, cfg.model.d_model, cfg.model.n_heads, pattern)
+        check_attention_config(attention, cfg.model.d_model, cfg.model.n_heads, pattern)
     except ConfigError as err:
         message = str(err)
         if message.startswith("attention."):  # the block names its own keys: say which site's

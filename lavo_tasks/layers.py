@@ -1,4 +1,5 @@
-"""Pre-norm Transformer layers built from attention configs (never attention classes).
+"""Pre-norm Transformer layers; each attention site is an AttentionSpec (a block class or
+factory, or a site's config: lavo_tasks.attention.make_attention).
 
     x = x + attention(LayerNorm(x))          (self-attention)
     x = x + cross_attention(LayerNorm(x))    (decoder with a memory only)
@@ -14,15 +15,24 @@ whatever the padding held).
 from typing import NamedTuple
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
-from .attention import build_attention
+from .attention import AttentionSpec, make_attention
+from .attention.base import is_int
+
+
+def check_feed_forward(d_ff, dropout) -> None:
+    """ValueError naming `d_ff` (an integer >= 1) or `dropout` (a number in [0, 1))."""
+    if not is_int(d_ff) or d_ff < 1:
+        raise ValueError(f"d_ff={d_ff!r}: must be an integer >= 1")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout={dropout!r}: must be a number in [0, 1)")
 
 
 class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0):
         super().__init__()
+        check_feed_forward(d_ff, dropout)
         self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model), nn.Dropout(dropout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -37,11 +47,11 @@ def zero_padding(x: torch.Tensor, mask) -> torch.Tensor:
 class TransformerEncoderLayer(nn.Module):
     """Self-attention (noncausal unless `causal`) and a feed-forward, pre-norm."""
 
-    def __init__(self, d_model: int, n_heads: int, attention: DictConfig, *, d_ff: int, dropout: float = 0.0,
+    def __init__(self, d_model: int, n_heads: int, attention: AttentionSpec, *, d_ff: int, dropout: float = 0.0,
                  causal: bool = False):
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.attn = build_attention(attention, d_model, n_heads=n_heads, causal=causal, cross=False)
+        self.attn = make_attention(attention, d_model, n_heads, causal=causal, cross=False)
         self.norm2 = nn.LayerNorm(d_model)
         self.ff = FeedForward(d_model, d_ff, dropout)
         self.drop = nn.Dropout(dropout)
@@ -65,16 +75,16 @@ class TransformerDecoderLayer(nn.Module):
     memory (causal cross, CC, when `cross_causal`; noncausal, NC, otherwise), and a
     feed-forward, pre-norm. A decoder-only model passes cross_attention=None."""
 
-    def __init__(self, d_model: int, n_heads: int, self_attention: DictConfig, cross_attention: DictConfig = None,
-                 *, d_ff: int, dropout: float = 0.0, causal: bool = True, cross_causal: bool = False):
+    def __init__(self, d_model: int, n_heads: int, self_attention: AttentionSpec,
+                 cross_attention: AttentionSpec | None = None, *, d_ff: int, dropout: float = 0.0, causal: bool = True,
+                 cross_causal: bool = False):
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.self_attn = build_attention(self_attention, d_model, n_heads=n_heads, causal=causal, cross=False)
+        self.self_attn = make_attention(self_attention, d_model, n_heads, causal=causal, cross=False)
         self.cross_attn = None
         if cross_attention is not None:
             self.norm_cross = nn.LayerNorm(d_model)
-            self.cross_attn = build_attention(cross_attention, d_model, n_heads=n_heads, causal=cross_causal,
-                                              cross=True)
+            self.cross_attn = make_attention(cross_attention, d_model, n_heads, causal=cross_causal, cross=True)
         self.norm2 = nn.LayerNorm(d_model)
         self.ff = FeedForward(d_model, d_ff, dropout)
         self.drop = nn.Dropout(dropout)

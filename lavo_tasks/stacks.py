@@ -1,6 +1,9 @@
 """The shared stacks every task builds its model from: `Encoder` and `Decoder`.
 
-A stack is n_layers pre-norm layers (lavo_tasks.layers) and a final LayerNorm. Padding:
+A stack is n_layers pre-norm layers (lavo_tasks.layers) and a final LayerNorm; each
+attention site is an AttentionSpec: a block class or factory (functools.partial(
+LavoAttention, rank=8)), or a site's config ({"name": "lavo", "rank": 8}). A bad
+argument raises ValueError naming it (a config's key: ConfigError naming the key). Padding:
 where `mask` (bool [B, T], True = a real position) marks padding, the output is 0, after
 the final norm as after every layer. The Decoder decodes step by step: `init_state`
 reads the memory once (each cross-attention block projects and summarises it there),
@@ -10,18 +13,25 @@ outputs with the new state. States are values: nested tuples of batch-first tens
 beam search.
 """
 
-from omegaconf import DictConfig
 from torch import Tensor, nn
 
+from .attention import AttentionSpec
+from .attention.base import is_int
 from .layers import DecoderState, TransformerDecoderLayer, TransformerEncoderLayer, zero_padding
+
+
+def check_n_layers(n_layers) -> None:
+    if not is_int(n_layers) or n_layers < 1:
+        raise ValueError(f"n_layers={n_layers!r}: must be an integer >= 1")
 
 
 class Encoder(nn.Module):
     """n_layers pre-norm self-attention layers (noncausal unless causal=True) + a final LayerNorm."""
 
-    def __init__(self, *, d_model: int, n_heads: int, n_layers: int, attention: DictConfig, d_ff: int,
+    def __init__(self, *, d_model: int, n_heads: int, n_layers: int, attention: AttentionSpec, d_ff: int,
                  dropout: float = 0.0, causal: bool = False):
         super().__init__()
+        check_n_layers(n_layers)
         self.layers = nn.ModuleList(
             TransformerEncoderLayer(d_model, n_heads, attention, d_ff=d_ff, dropout=dropout, causal=causal)
             for _ in range(n_layers)
@@ -40,10 +50,11 @@ class Decoder(nn.Module):
     cross-attention over a memory (CC when cross_causal else NC), feed-forward; a final
     LayerNorm. Only a causal Decoder decodes step by step."""
 
-    def __init__(self, *, d_model: int, n_heads: int, n_layers: int, self_attention: DictConfig,
-                 cross_attention: DictConfig | None = None, d_ff: int, dropout: float = 0.0, causal: bool = True,
+    def __init__(self, *, d_model: int, n_heads: int, n_layers: int, self_attention: AttentionSpec,
+                 cross_attention: AttentionSpec | None = None, d_ff: int, dropout: float = 0.0, causal: bool = True,
                  cross_causal: bool = False):
         super().__init__()
+        check_n_layers(n_layers)
         self.causal = causal
         self.layers = nn.ModuleList(
             TransformerDecoderLayer(d_model, n_heads, self_attention, cross_attention, d_ff=d_ff, dropout=dropout,

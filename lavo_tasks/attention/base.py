@@ -1,9 +1,10 @@
 """What every attention block shares: the keyword arguments and their check, the input
 checks, the decode-state rules, splitting heads and zeroing padded queries.
 
-A subclass sets `name` and `patterns`, takes its own keys as keyword arguments with
-defaults (the ones of configs/attention/<name>.yaml; the config validation calls its
-`check_config` on a site's config before any model is built) and implements
+A subclass sets `name` and `patterns`, takes its own keyword arguments with defaults
+(the ones of configs/attention/<name>.yaml), extends `check_arguments` (a ValueError
+naming the argument; the config layer, lavo_tasks.attention.check_attention_config, runs
+the same check naming the config keys) and implements
 
     _whole(x, source, key_mask) -> y [B, T, D]       the whole sequence (training)
     _step(x, state) -> (y [B, t, D], state)          t positions after those `state` saw
@@ -15,12 +16,11 @@ changed in place, so that lavo_tasks.generation.reorder can follow a beam.
 """
 
 import inspect
+from collections.abc import Callable, Mapping
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
-from ..errors import ConfigError
 from ..kernels.backend import BACKENDS
 
 PATTERN_NAMES = {
@@ -35,6 +35,16 @@ def pattern_of(causal: bool, cross: bool) -> str:
     return ("C" if causal else "N") + ("C" if cross else "S")
 
 
+def argument_name(argument: str) -> str:
+    """How a block's check names an argument by default: by itself (`rank`, `n_heads`)."""
+    return argument
+
+
+# What the checks call to name an argument in a message: argument_name, or the config
+# layer's key of it (`attention.rank`, `model.n_heads`).
+Namer = Callable[[str], str]
+
+
 class AttentionBlock(nn.Module):
     """Base class of the blocks (the interface: the package docstring)."""
 
@@ -42,37 +52,47 @@ class AttentionBlock(nn.Module):
     patterns: frozenset[str] = frozenset()
 
     def __init__(self, d_model: int, n_heads: int, *, causal: bool, cross: bool, **options):
-        """options: the subclass's own keyword arguments, checked here by check_config."""
+        """options: the subclass's own keyword arguments, checked here by check_arguments
+        (ValueError naming the argument)."""
         super().__init__()
         unknown = sorted(set(options) - set(self.option_names()))
         if unknown:
             raise TypeError(f"{type(self).__name__}: unknown argument {unknown[0]!r}; "
                             f"its own are: {', '.join(self.option_names()) or 'none'}")
         self.pattern = pattern_of(causal, cross)
-        self.check_config(options, d_model, n_heads, self.pattern)
+        self.check_arguments(options, d_model, n_heads, self.pattern)
         self.causal, self.cross = causal, cross
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
         """The block's own keyword arguments: its config keys besides `name`."""
-        parameters = inspect.signature(cls.__init__).parameters.values()
-        return tuple(p.name for p in parameters if p.kind is p.KEYWORD_ONLY and p.name not in ("causal", "cross"))
+        return tuple(cls.option_defaults())
 
     @classmethod
-    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int, pattern: str) -> None:
-        """Raise ConfigError naming `attention.<key>` for a bad value, or the pattern if
-        the block cannot run it. The config validation calls this for every attention
-        site of a task before any work; subclasses extend it. `cfg` is anything with
-        `.get` (a DictConfig, or the keyword arguments as a dict)."""
+    def option_defaults(cls) -> dict:
+        """The block's own keyword arguments and their defaults."""
+        parameters = inspect.signature(cls.__init__).parameters.values()
+        return {p.name: p.default for p in parameters
+                if p.kind is p.KEYWORD_ONLY and p.name not in ("causal", "cross")}
+
+    @classmethod
+    def check_arguments(cls, options: Mapping, d_model: int, n_heads: int, pattern: str, *,
+                        name: Namer = argument_name) -> None:
+        """Raise ValueError naming the first bad argument (`name(argument)`: the argument
+        itself, or the config layer's key for it) with its value and what is allowed, or
+        naming the pattern if the block cannot run it. `options`: the block's own keyword
+        arguments (any mapping with `.get`). Subclasses extend it."""
         if pattern not in cls.patterns:
             supported = ", ".join(f"{p} ({PATTERN_NAMES[p]})" for p in sorted(cls.patterns))
-            raise ConfigError(
+            raise ValueError(
                 f"attention {cls.name!r} does not support {PATTERN_NAMES[pattern]} "
                 f"({pattern}); it supports: {supported}"
             )
-        if n_heads < 1 or d_model % n_heads:
-            raise ConfigError(f"model.n_heads={n_heads}: must be >= 1 and divide model.d_model={d_model}")
+        if not is_int(d_model) or d_model < 1:
+            raise ValueError(f"{name('d_model')}={d_model!r}: must be an integer >= 1")
+        if not is_int(n_heads) or n_heads < 1 or d_model % n_heads:
+            raise ValueError(f"{name('n_heads')}={n_heads!r}: must be >= 1 and divide {name('d_model')}={d_model}")
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:2], self.n_heads, self.head_dim)  # [B, T, D] -> [B, T, H, d]
@@ -117,25 +137,25 @@ def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_count(key: str, value) -> None:
-    """`attention.<key>` must be an integer >= 1 (a window, slots, segments)."""
+def check_count(argument: str, value, name: Namer = argument_name) -> None:
+    """`argument` must be an integer >= 1 (a window, slots, segments)."""
     if not is_int(value) or value < 1:
-        raise ConfigError(f"attention.{key}={value!r}: must be an integer >= 1")
+        raise ValueError(f"{name(argument)}={value!r}: must be an integer >= 1")
 
 
-def check_backend(value) -> None:
-    """`attention.backend` of the attentions with kernels (lavo, gsa)."""
+def check_backend(value, name: Namer = argument_name) -> None:
+    """`backend` of the attentions with kernels (lavo, gsa)."""
     if value not in BACKENDS:
-        raise ConfigError(f"attention.backend={value!r}: allowed {', '.join(BACKENDS)}")
+        raise ValueError(f"{name('backend')}={value!r}: allowed {', '.join(BACKENDS)}")
 
 
-def check_window(window, pattern: str) -> None:
-    """`attention.window` of the windowed attentions (local, lavo): an integer >= 1, and
-    even in noncausal self-attention, whose queries see |t - j| <= window / 2."""
-    check_count("window", window)
+def check_window(window, pattern: str, name: Namer = argument_name) -> None:
+    """`window` of the windowed attentions (local, lavo): an integer >= 1, and even in
+    noncausal self-attention, whose queries see |t - j| <= window / 2."""
+    check_count("window", window, name)
     if pattern == "NS" and window % 2:
-        raise ConfigError(
-            f"attention.window={window}: must be even for noncausal self-attention (NS), "
+        raise ValueError(
+            f"{name('window')}={window}: must be even for noncausal self-attention (NS), "
             "whose queries see |t - j| <= window / 2"
         )
 

@@ -6,18 +6,17 @@ kept in fp32; the op's output goes SiLU -> RMSNorm (per head) -> output projecti
 cross-attention the gates, keys and values come from the context, the queries from x.
 """
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 from torch import nn
 
-from ..errors import ConfigError
 from ..kernels import GsaState, gsa_attn, gsa_decode_step
 from ..kernels.backend import resolve_backend
 from ..kernels.gsa.output_norm import silu_rms_norm
-from .base import AttentionBlock, check_backend, check_count
+from .base import AttentionBlock, Namer, argument_name, check_backend, check_count
 
 
 class GsaDecodeState(NamedTuple):
@@ -39,13 +38,14 @@ class GatedSlotAttention(AttentionBlock):
     patterns = frozenset({"CS", "NS", "CC", "NC"})
 
     @classmethod
-    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int, pattern: str) -> None:
-        super().check_config(cfg, d_model, n_heads, pattern)
-        slots, tau, backend = cfg.get("slots"), cfg.get("tau"), cfg.get("backend")
-        check_count("slots", slots)
+    def check_arguments(cls, options: Mapping, d_model: int, n_heads: int, pattern: str, *,
+                        name: Namer = argument_name) -> None:
+        super().check_arguments(options, d_model, n_heads, pattern, name=name)
+        slots, tau, backend = options.get("slots"), options.get("tau"), options.get("backend")
+        check_count("slots", slots, name)
         if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0:
-            raise ConfigError(f"attention.tau={tau!r}: must be a number > 0")
-        check_backend(backend)
+            raise ValueError(f"{name('tau')}={tau!r}: must be a number > 0")
+        check_backend(backend, name)
 
     def __init__(self, d_model: int, n_heads: int, *, causal: bool, cross: bool, slots: int = 64, tau: float = 8.0,
                  backend: str = "auto"):

@@ -24,13 +24,12 @@ and summarised once at `init_state`; NS is never decoded. A decode call returns 
 state and leaves the one it was given as it was.
 """
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
-from ..errors import ConfigError
 from ..kernels.lavo import (
     LavoDecodeState,
     LavoSource,
@@ -40,7 +39,7 @@ from ..kernels.lavo import (
     lavo_prefill,
     lavo_source,
 )
-from .base import AttentionBlock, check_backend, check_count, check_window, is_int
+from .base import AttentionBlock, Namer, argument_name, check_backend, check_count, check_window, is_int
 from .rope import apply_rope
 
 BASIS_KINDS = ("learned", "fixed")
@@ -67,23 +66,24 @@ class LavoAttention(AttentionBlock):
     patterns = frozenset({"CS", "NS", "CC", "NC"})
 
     @classmethod
-    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int, pattern: str) -> None:
-        super().check_config(cfg, d_model, n_heads, pattern)
-        window, rank, segments = cfg.get("window"), cfg.get("rank"), cfg.get("cross_segments")
+    def check_arguments(cls, options: Mapping, d_model: int, n_heads: int, pattern: str, *,
+                        name: Namer = argument_name) -> None:
+        super().check_arguments(options, d_model, n_heads, pattern, name=name)
+        window, rank, segments = options.get("window"), options.get("rank"), options.get("cross_segments")
         head_dim = d_model // n_heads
-        check_window(window, pattern)
+        check_window(window, pattern, name)
         if not is_int(rank) or not 1 <= rank <= head_dim:
-            raise ConfigError(
-                f"attention.rank={rank!r}: must be an integer between 1 and the head dim "
-                f"{head_dim} (model.d_model={d_model} / model.n_heads={n_heads})"
+            raise ValueError(
+                f"{name('rank')}={rank!r}: must be an integer between 1 and the head dim "
+                f"{head_dim} ({name('d_model')}={d_model} / {name('n_heads')}={n_heads})"
             )
-        if cfg.get("basis") not in BASIS_KINDS:
-            raise ConfigError(f"attention.basis={cfg.get('basis')!r}: allowed {', '.join(BASIS_KINDS)}")
-        check_count("cross_segments", segments)
-        memory_bias = cfg.get("memory_bias")
+        if options.get("basis") not in BASIS_KINDS:
+            raise ValueError(f"{name('basis')}={options.get('basis')!r}: allowed {', '.join(BASIS_KINDS)}")
+        check_count("cross_segments", segments, name)
+        memory_bias = options.get("memory_bias")
         if isinstance(memory_bias, bool) or not isinstance(memory_bias, (int, float)) or memory_bias != memory_bias:
-            raise ConfigError(f"attention.memory_bias={memory_bias!r}: must be a number (the memory bias's start)")
-        check_backend(cfg.get("backend"))
+            raise ValueError(f"{name('memory_bias')}={memory_bias!r}: must be a number (the memory bias's start)")
+        check_backend(options.get("backend"), name)
 
     def __init__(self, d_model: int, n_heads: int, *, causal: bool, cross: bool, window: int = 32, rank: int = 16,
                  basis: str = "learned", cross_segments: int = 1, memory_bias: float = 0.0, backend: str = "auto"):

@@ -7,13 +7,13 @@ its neighbours (the previous one; and the next one in NS) under a band mask, nev
 a T x T score matrix.
 """
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 
-from .base import check_window
+from .base import Namer, argument_name, check_window
 from .softmax import SoftmaxAttention, masked_attention
 
 
@@ -70,9 +70,10 @@ class LocalAttention(SoftmaxAttention):
     patterns = frozenset({"CS", "NS"})
 
     @classmethod
-    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int, pattern: str) -> None:
-        super().check_config(cfg, d_model, n_heads, pattern)
-        check_window(cfg.get("window"), pattern)
+    def check_arguments(cls, options: Mapping, d_model: int, n_heads: int, pattern: str, *,
+                        name: Namer = argument_name) -> None:
+        super().check_arguments(options, d_model, n_heads, pattern, name=name)
+        check_window(options.get("window"), pattern, name)
 
     def __init__(self, d_model: int, n_heads: int, *, causal: bool, cross: bool, window: int = 32):
         super().__init__(d_model, n_heads, causal=causal, cross=cross, window=window)

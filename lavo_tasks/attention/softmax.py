@@ -13,15 +13,14 @@ through its scores, so a head with a small slope still reads the whole sequence.
 scores then go to SDPA as a float mask, O(T S) memory per head (no FlashAttention).
 """
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 from torch import nn
 
-from ..errors import ConfigError
-from .base import AttentionBlock
+from .base import AttentionBlock, Namer, argument_name
 from .rope import apply_rope
 
 
@@ -94,10 +93,11 @@ class SoftmaxAttention(AttentionBlock):
     patterns = frozenset({"CS", "NS", "CC", "NC"})
 
     @classmethod
-    def check_config(cls, cfg: DictConfig, d_model: int, n_heads: int, pattern: str) -> None:
-        super().check_config(cfg, d_model, n_heads, pattern)
-        if "alibi" in cls.option_names() and not isinstance(cfg.get("alibi"), bool):
-            raise ConfigError(f"attention.alibi={cfg.get('alibi')!r}: must be true or false")
+    def check_arguments(cls, options: Mapping, d_model: int, n_heads: int, pattern: str, *,
+                        name: Namer = argument_name) -> None:
+        super().check_arguments(options, d_model, n_heads, pattern, name=name)
+        if "alibi" in cls.option_names() and not isinstance(options.get("alibi"), bool):
+            raise ValueError(f"{name('alibi')}={options.get('alibi')!r}: must be true or false")
 
     def __init__(self, d_model: int, n_heads: int, *, causal: bool, cross: bool, alibi: bool = False, **options):
         """options: the keys of a block built on this one (local's window)."""

@@ -397,7 +397,45 @@ def test_block_by_keywords_equals_block_by_config():
     with pytest.raises(ConfigError, match=r"attention\.windw: not a key of attention 'lavo'; allowed: window"):
         build_attention(OmegaConf.create({"name": "lavo", "windw": 6}), D_MODEL, n_heads=N_HEADS, causal=True,
                         cross=False)
-    with pytest.raises(ConfigError, match=r"attention\.rank=99"):
-        LavoAttention(D_MODEL, N_HEADS, causal=True, cross=False, rank=99)
-    with pytest.raises(ConfigError, match=r"attention\.window=0"):
-        block_class("local")(D_MODEL, N_HEADS, causal=True, cross=False, window=0)
+
+
+def test_blocks_by_keywords_name_the_argument():
+    """A block built from keyword arguments names the argument; build_attention (the config
+    layer) names the config key for the same value, with the same message otherwise."""
+    from lavo_tasks.attention import LavoAttention, LocalAttention
+
+    cases = [
+        (LavoAttention, dict(rank=99), "rank=99: must be an integer between 1 and the head dim 8 "
+                                        "(d_model=16 / n_heads=2)",
+         "attention.rank=99: must be an integer between 1 and the head dim 8 (model.d_model=16 / model.n_heads=2)"),
+        (LocalAttention, dict(window=0), "window=0: must be an integer >= 1",
+         "attention.window=0: must be an integer >= 1"),
+    ]
+    for cls, options, plain, keyed in cases:
+        with pytest.raises(ValueError) as err:
+            cls(D_MODEL, N_HEADS, causal=True, cross=False, **options)
+        assert type(err.value) is ValueError and str(err.value) == plain
+        with pytest.raises(ConfigError) as err:
+            build_attention({"name": cls.name, **options}, D_MODEL, N_HEADS, causal=True, cross=False)
+        assert str(err.value) == keyed
+    with pytest.raises(ValueError) as err:
+        LavoAttention(D_MODEL, 3, causal=True, cross=False)
+    assert type(err.value) is ValueError and str(err.value) == "n_heads=3: must be >= 1 and divide d_model=16"
+    with pytest.raises(ConfigError, match=r"^model\.n_heads=3: must be >= 1 and divide model\.d_model=16$"):
+        build_attention({"name": "lavo"}, D_MODEL, 3, causal=True, cross=False)
+    with pytest.raises(ValueError) as err:
+        LocalAttention(D_MODEL, N_HEADS, causal=True, cross=True)
+    assert type(err.value) is ValueError and "'local' does not support causal cross-attention (CC)" in str(err.value)
+
+
+def test_build_attention_takes_a_dict_or_a_dictconfig():
+    spec = {"name": "lavo", "window": 6, "rank": 4}
+    torch.manual_seed(0)
+    from_dict = build_attention(spec, D_MODEL, N_HEADS, causal=False, cross=True)
+    torch.manual_seed(0)
+    from_config = build_attention(OmegaConf.create(spec), D_MODEL, n_heads=N_HEADS, causal=False, cross=True)
+    assert from_dict.pattern == "NC" and from_dict.window == 6 and from_dict.rank == 4
+    for (key, a), (_, b) in zip(from_dict.state_dict().items(), from_config.state_dict().items(), strict=True):
+        assert torch.equal(a, b), key
+    with pytest.raises(ConfigError, match=r"^attention\.name: missing"):
+        build_attention({"window": 6}, D_MODEL, N_HEADS, causal=True, cross=False)

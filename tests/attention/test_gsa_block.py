@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from lavo_tasks.attention import build_attention
+from lavo_tasks.attention import build_attention, check_attention_config
 from lavo_tasks.attention.gsa import GatedSlotAttention
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.kernels.gsa.reference import reference_gsa_attn
@@ -149,7 +149,9 @@ def test_bad_config_names_the_key(key, value):
     with pytest.raises(ConfigError, match=f"attention.{key}="):
         build_attention(gsa_cfg(**{key: value}), D_MODEL, n_heads=HEADS, causal=True, cross=False)
     with pytest.raises(ConfigError, match=f"attention.{key}="):
-        GatedSlotAttention.check_config(gsa_cfg(**{key: value}), D_MODEL, HEADS, "CS")
+        check_attention_config(gsa_cfg(**{key: value}), D_MODEL, HEADS, "CS")
+    with pytest.raises(ValueError, match=f"^{key}="):  # by keywords: the argument's name
+        GatedSlotAttention(D_MODEL, HEADS, causal=True, cross=False, **{key: value})
 
 
 def test_default_config_file_builds():

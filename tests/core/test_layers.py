@@ -92,3 +92,26 @@ def test_decoder_memory_errors():
         TransformerDecoderLayer(D_MODEL, N_HEADS, cfg, cfg, d_ff=D_FF)(x)
     with pytest.raises(ValueError, match="no memory"):
         TransformerDecoderLayer(D_MODEL, N_HEADS, cfg, d_ff=D_FF)(x, memory=x)
+
+
+def test_layer_arguments_are_named():
+    """A layer built from plain arguments names the bad one (ValueError, not the CLI's
+    ConfigError); a block class stands for an attention site as a config does."""
+    from lavo_tasks.attention import LocalAttention
+    from lavo_tasks.errors import ConfigError
+
+    for bad, message in [(dict(d_ff=0), "d_ff=0: must be an integer >= 1"),
+                         (dict(dropout=1.0), "dropout=1.0: must be a number in [0, 1)"),
+                         (dict(dropout=True), "dropout=True: must be a number in [0, 1)")]:
+        with pytest.raises(ValueError) as err:
+            TransformerEncoderLayer(D_MODEL, N_HEADS, LocalAttention, **{"d_ff": D_FF, **bad})
+        assert type(err.value) is ValueError and str(err.value) == message
+    with pytest.raises(ValueError) as err:
+        TransformerDecoderLayer(D_MODEL, 3, LocalAttention, d_ff=D_FF)
+    assert type(err.value) is ValueError and str(err.value) == f"n_heads=3: must be >= 1 and divide d_model={D_MODEL}"
+    with pytest.raises(ConfigError, match=r"^attention\.window=0: must be an integer >= 1$"):
+        TransformerEncoderLayer(D_MODEL, N_HEADS, {"name": "local", "window": 0}, d_ff=D_FF)
+    with pytest.raises(TypeError, match="^attention: expected a block class"):
+        TransformerEncoderLayer(D_MODEL, N_HEADS, "local", d_ff=D_FF)
+    with pytest.raises(TypeError, match="not an attention block"):
+        TransformerEncoderLayer(D_MODEL, N_HEADS, lambda d, h, causal, cross: torch.nn.Linear(d, d), d_ff=D_FF)
