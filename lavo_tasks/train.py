@@ -38,12 +38,15 @@ def _leaves(cfg: DictConfig, prefix: str = "") -> list[tuple[str, object]]:
 
 
 def _key_lines(leaves: list[tuple[str, object]], comments: dict[str, str]) -> list[str]:
-    """`  key=default   meaning` (meaning: the key's YAML comment)."""
+    """`  key=default   meaning` (meaning: the key's YAML comment, each further line of it
+    below the first, under it)."""
     lines = []
     for path, value in leaves:
         text = f"{path}={value!r}" if value == "" else f"{path}={value}"
-        meaning = comments.get(path, "")
-        lines.append(f"  {text:<34} {meaning}" if meaning else f"  {text}")
+        first, *more = comments.get(path, "").split("\n")
+        prefix = f"  {text:<34} "
+        lines.append(prefix + first if first else f"  {text}")
+        lines += [" " * len(prefix) + line for line in more]
     return lines
 
 
