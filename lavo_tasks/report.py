@@ -274,7 +274,9 @@ def csv_text(tables: list[Table]) -> str:
 
 def index_inputs(groups: list[Group]) -> tuple[dict, dict, list[str]]:
     """results[pattern][task][attention name] = {metric: mean over seeds} and the CAB key of
-    each task, for lavo_tasks.compositional_index; tasks with more than one group are left out."""
+    each task, for lavo_tasks.compositional_index; tasks with more than one group are left out.
+    A run counts under the patterns its configuration ran (`Task.site_patterns`: a
+    summarization run counts at NC unless model.cross_causal=true)."""
     results, cab_keys, notes = {}, {}, []
     by_task: dict[str, list[Group]] = {}
     for group in groups:
@@ -287,11 +289,12 @@ def index_inputs(groups: list[Group]) -> tuple[dict, dict, list[str]]:
         runs = [run for run in task_groups[0].runs if run.metrics]
         keys = {cab_dataset(task, OmegaConf.select(r.cfg, "model.preset"), r.cfg.data.path) for r in runs}
         cab_keys[task] = keys.pop() if len(keys) == 1 else None
-        sites = tasks.load_task(task).sites
-        for pattern in dict.fromkeys(sites.values()):
+        task_spec = tasks.load_task(task)
+        patterns = [task_spec.site_patterns(run.cfg) for run in runs]  # the patterns each run ran
+        for pattern in dict.fromkeys(p for run_patterns in patterns for p in run_patterns.values()):
             collected: dict[str, list[dict]] = {}
-            for run in runs:
-                names = {run.cfg.model[s].name for s, p in sites.items() if p == pattern}
+            for run, run_patterns in zip(runs, patterns):
+                names = {run.cfg.model[s].name for s, p in run_patterns.items() if p == pattern}
                 if len(names) == 1:
                     collected.setdefault(names.pop(), []).append(run.metrics)
             means = {a: {m: sum(r[m] for r in rs) / len(rs) for m in CI_METRICS.get(task, {}) if all(m in r for r in rs)}

@@ -43,3 +43,11 @@ def test_help_shows_multi_line_comments_whole():
     path = next(n for n, line in enumerate(lines) if line[:1] == ["data.path=''"])
     assert lines[path + 1][-1] == "<run.dir>/data/espeak/"
 
+
+def test_help_names_the_cross_pattern_of_the_defaults():
+    summarization = lines_of(train.usage(["task=summarization"]))
+    assert ["model.cross_attention:", "NC", "(noncausal", "cross-attention);", "model.cross_causal=true:", "CC",
+            "(causal", "cross-attention)"] in summarization
+    tts = lines_of(train.usage(["task=tts"]))
+    assert ["model.cross_attention:", "CC", "(causal", "cross-attention);", "model.cross_causal=false:", "NC",
+            "(noncausal", "cross-attention)"] in tts

@@ -129,3 +129,29 @@ def test_cab_dataset_from_preset_and_path():
     assert cab_dataset("tsf", "default", "/data/ETTh1.csv") is None
     assert cab_dataset("lm", "cab", "") is None  # the embedded default data is not CAB's
     assert cab_dataset("lm", "cab", "/data/pg19") == "lm"
+
+
+@pytest.mark.parametrize("cross_causal", [False, True], ids=["NC-default", "CC"])
+def test_index_files_summarization_under_the_cross_pattern_it_ran(tmp_path, cross_causal):
+    # tsf (NS, CS, NC) beside summarization (NS, CS, and NC by default, CC with cross_causal=true).
+    # tsf mse = mae 1, 2, 3 (lower is better): z +r, 0, -r for softmax, lavo, gsa.
+    # summarization ROUGE 14, 10, 12 (higher is better): z +r, -r, 0.
+    r = math.sqrt(1.5)
+    extra = ["model.cross_causal=true"] if cross_causal else []
+    for attention, value, rouge in (("softmax", 1.0, 14.0), ("lavo", 2.0, 10.0), ("gsa", 3.0, 12.0)):
+        make_run(tmp_path, f"tsf-{attention}", ["task=tsf", f"attention={attention}"],
+                 {"test_mse": value, "test_mae": value})
+        make_run(tmp_path, f"sum-{attention}", ["task=summarization", f"attention={attention}", *extra],
+                 {"test_rouge1": rouge, "test_rouge2": rouge, "test_rougeL": rouge})
+    report.write_report([tmp_path], tmp_path / "out")
+    got = {(row["pattern"], row["attention"]): (float(row["index"]), int(row["n_tasks"]))
+           for row in read_csv(tmp_path / "out" / "compositional_index.csv")}
+    tsf = {"softmax": r, "lavo": 0.0, "gsa": -r}
+    summarization = {"softmax": r, "lavo": -r, "gsa": 0.0}
+    for attention in tsf:
+        if cross_causal:  # NC: tsf alone; CC: summarization alone
+            assert got[("NC", attention)] == (pytest.approx(tsf[attention]), 1)
+            assert got[("CC", attention)] == (pytest.approx(summarization[attention]), 1)
+        else:  # NC: both tasks; no CC run
+            assert got[("NC", attention)] == (pytest.approx((tsf[attention] + summarization[attention]) / 2), 2)
+            assert ("CC", attention) not in got
