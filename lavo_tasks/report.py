@@ -40,7 +40,7 @@ from .compositional_index import CI_METRICS, cab_dataset, compositional_index
 from .config import compose
 from .errors import ConfigError
 from .files import write_atomically
-from .plots import attention_label, readable_ylim, save_figure
+from .plots import attention_label, readable_ylim, save_figure, set_suptitle
 
 # Keys that do not make two runs different experiments: how a run writes and shows itself.
 IGNORED_KEYS = ("seed", "run.", "trainer.enable_progress_bar", "trainer.log_every_n_steps")
@@ -371,7 +371,7 @@ def plot(table: Table, path: Path) -> None:
                      + (f"\ny axis from {low:.4g}, not 0" if low > 0 else ""), fontsize=9)
     for ax in axes[len(names):]:
         ax.set_visible(False)
-    fig.suptitle(f"{table.group.title}\nmean over seeds, error bars: std; dashed: model-free baselines", fontsize=9)
+    set_suptitle(fig, f"{table.group.title}\nmean over seeds, error bars: std; dashed: model-free baselines")
     fig.tight_layout()
     save_figure(fig, path)
 
