@@ -38,8 +38,8 @@ VARIANTS_BUDGET_S = 110  # --variants: no new variant starts after this (compile
 CHECK_TOL = 5e-3  # --variants: relative RMS error allowed against the fp32 PyTorch path (docs/design.md §2.5)
 # name -> settings: "kernel.option" patches chunk.LAUNCH[kernel][option], an upper-case
 # name the integer constant chunk.NAME; "default" patches nothing. The others are the
-# launch settings next to the defaults, timed on them before (H200, 2026-11-30 15:20;
-# chunk.py's LAUNCH comment has the numbers).
+# launch settings next to the defaults (their timings: docs/benchmarks.md, "Launch
+# settings").
 VARIANTS = {  # in the order they run
     "default": {},
     "dkv_stages1": {"dkv.num_stages": 1},  # without the query tiles' loads pipelined

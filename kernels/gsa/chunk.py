@@ -42,8 +42,8 @@ from .torch_path import read_state
 BT = 64  # positions per chunk (a state is kept at every chunk start)
 BC = 16  # positions per sub-chunk (one program of the per-position kernels)
 # state columns per block of the chunk write (both states in one program) and per program
-# of the read-gradient kernel (32: +0.65 ms on the H200 at d=M=64); half that with more
-# than 128 slots
+# of the read-gradient kernel (32 is slower at d=M=64: docs/benchmarks.md, "Launch
+# settings"); half that with more than 128 slots
 BD_STATE = 64
 SCAN_ROWS, SCAN_COLS = 8, 64  # state tile per program of the scans over chunks
 GATE_SLOTS = 16  # slots per program of the log-gate gradient's reverse cumulative sum
@@ -257,7 +257,7 @@ def _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, coff, chu
         v.shape[-1], BT=BT, BC=WHOLE_BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
         num_warps=cfg.warps["key"])
     # per chunk: the totals of the later chunks of its sequence, plus the final state's share;
-    # prefix sums along the innermost axis (PyTorch's scan along the outer one took 0.19 ms)
+    # prefix sums along the innermost axis (PyTorch's scan along the outer one is slower)
     before = totals.double().movedim(0, -1).cumsum(-1)  # [H, M, NC]: chunks up to c
     ends = coff[1:][chunk_seq] - 1  # each chunk's sequence's last chunk
     suffix = (before[..., ends] - before).movedim(-1, 0) + carry[chunk_seq]  # [NC, H, M]

@@ -2,10 +2,9 @@
 
 `silu_rms_norm(x, weight, eps)`: y = n * weight with n = a / sqrt(mean(a^2) + eps) and
 a = SiLU(x), along the last axis (a head's d channels). PyTorch's norm kernel takes one
-row per thread block, which is slow for rows of d = 64: at the LM's CAB sizes (32,768
-tokens x 12 heads a step) it took 0.26 ms forward and 0.27 ms backward per layer on an
-H200. Here a program takes ROWS rows at once; the backward recomputes SiLU and the
-normalisation from x and the saved per-row 1/rms.
+row per thread block, which is slow for rows of d = 64 (docs/benchmarks.md, "Launch
+settings and precisions"). Here a program takes ROWS rows at once; the backward
+recomputes SiLU and the normalisation from x and the saved per-row 1/rms.
 
 Forward and backward accumulate in fp32; y and dx are in x's dtype, dweight in weight's.
 """

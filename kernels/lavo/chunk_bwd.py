@@ -130,7 +130,7 @@ def lavo_mem_bwd_kernel(
     chunk and segment). Given the saved log-sum-exp and Delta, each slot's gradient is
     independent of the other slots, so the rank blocks run in parallel; their sums over
     the blocks (dq, dvbar) come from `lavo_mem_sums_kernel` when NRB > 1 (summing them
-    here took fp32 atomics of NRB times the bytes: 21 ms at d = 256 on an H200)."""
+    here takes fp32 atomics of NRB times the bytes; docs/benchmarks.md, "Launch settings")."""
     DT: tl.constexpr = Q.dtype.element_ty
     SUMS: tl.constexpr = NRB == 1
     gid = tl.program_id(0)
@@ -310,10 +310,11 @@ def _dkv_table(
     uses the forward's bias tile NQB - 1 - b. drho is not taken tile by tile: the
     lower triangle (i >= jj) of chunk b and the strict upper triangle of chunk b + 1
     together hold one index per diagonal mod C, (b - QB0) * C + HALF + (i - jj) mod C,
-    so each such pair takes one rotation and one column sum (ncu, H200: rotations, sums
-    and atomics per tile were ~20% of this kernel's stall samples). The upper triangle
-    of chunk 0 is outside every window, the lower one of the last chunk (LAST) inside
-    it exactly when (w - 1) % C == 0 (causal) or HALF % C == 0 (noncausal)."""
+    so each such pair takes one rotation and one column sum (per tile they were a fifth
+    of this kernel's stall samples: docs/benchmarks.md, "Where the kernels' time goes").
+    The upper triangle of chunk 0 is outside every window, the lower one of the last
+    chunk (LAST) inside it exactly when (w - 1) % C == 0 (causal) or HALF % C == 0
+    (noncausal)."""
     QB: tl.constexpr = C // SPLIT
     NZ: tl.constexpr = triton.next_power_of_2(NQB)
     zk = tl.arange(0, NZ)

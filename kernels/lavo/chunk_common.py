@@ -27,7 +27,7 @@ def load_chunk(CHUNKS, cid, per_seq, n_len, m_len, BATCHED: tl.constexpr):
 
     BATCHED (equal-length sequences, no `cu_seqlens`): computed from the chunks per
     sequence and the lengths, with no load, so the program's first loads do not wait on
-    another (the table's load measured 2-3% of the kernels' stall samples, ncu, H200).
+    another (the table's load: docs/benchmarks.md, "Where the kernels' time goes").
     Otherwise chunk-table row `cid`, read as one vector and split by masked sums: this
     gives true scalars both compiled and under the interpreter (where a scalar load is
     a 1-element array, which a loop bound cannot use)."""
@@ -160,8 +160,8 @@ def table_logits(q, kb, BT, tile, rows, j_ok, scale2, C: tl.constexpr, PREC: tl.
     BT [heads * NKB, C, C] fp32 (`chunk._window_bias_tiles`): with the key blocks of
     every query chunk at the same offsets, tile b's bias index is a fixed function of
     (row, key) whatever the chunk, so one coalesced load replaces the per-score index
-    arithmetic, window mask and gather of `window_logits` (those took ~28% of the
-    forward's and ~25% of dkv's stall samples in ncu, H200)."""
+    arithmetic, window mask and gather of `window_logits` (a quarter of the stall samples
+    of the forward and of dkv: docs/benchmarks.md, "Where the kernels' time goes")."""
     jj = tl.arange(0, C)
     bt = tl.load(BT + (tile * C + rows)[:, None] * C + jj[None, :])
     s = tl.dot(q, tl.trans(kb), input_precision=PREC)

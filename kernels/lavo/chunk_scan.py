@@ -6,8 +6,9 @@ of the memory-gradient totals of the query chunks after it (causal) or of all of
 Both are scans over a sequence's chunk totals `[chunks, W]` (W = segments x heads x d
 columns): one program per (sequence, block of BW columns) walks the sequence's chunks
 in tiles of TB rows, an fp32 scan inside a tile plus a float64 carry across tiles (the
-carry keeps long sequences from accumulating fp32 rounding; the PyTorch version it
-replaces took a float64 prefix over all chunks and two gathers).
+carry keeps long sequences from accumulating fp32 rounding). A float64 PyTorch prefix
+over all chunks and two gathers gives the same sums more slowly (docs/benchmarks.md,
+"Launch settings").
 
 A sequence's row of SEQS is (first query chunk, query chunks, first key chunk, key
 chunks), the indices into the chunk tables of chunk.py's `_Layout`.

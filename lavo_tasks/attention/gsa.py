@@ -77,8 +77,8 @@ class GatedSlotAttention(AttentionBlock):
         """o [B, T, H, d] from the op -> y [B, T, D]."""
         # SiLU -> RMSNorm in o's dtype, autocast or not (under autocast bf16: fp32 inside, and
         # the output projection takes bf16 anyway), fused on the Triton path: PyTorch's norm
-        # kernel takes one 64-wide row per thread block (H200, CAB's sizes, forward +
-        # backward per layer and step: 0.61 ms in fp32, 0.53 ms in bf16)
+        # kernel takes one 64-wide row per thread block (its cost: docs/benchmarks.md,
+        # "Launch settings and precisions")
         use_triton = resolve_backend(self.backend, o) == "triton"
         with torch.autocast(o.device.type, enabled=False):
             o = silu_rms_norm(o, self.norm.weight, self.norm.eps, use_triton=use_triton)

@@ -13,7 +13,7 @@ It calls `lavo_tasks.kernels.lavo_attn`.
 In self-attention (CS, NS) queries and keys get rotary positions (rope.py) before the op,
 as in `softmax` and `local`. Without them the window's only position information is the
 relative bias, one scalar per head and offset learned from 0, too little to learn from
-in a short run (LM defaults, 300 steps: val ppl 13.0 without, 8.2 with; `local` 8.7).
+in a short run (docs/benchmarks.md, "Model choices measured in short runs").
 The op's math is unchanged; the memory logits see the rotated query, whose slowly
 rotating channels stay nearly position-free. Cross-attention (CC, NC) has no rotation:
 source and target positions do not share an axis.
@@ -189,11 +189,11 @@ class CayleyBasis(nn.Module):
     (the same when r = d), and solves with torch.linalg.solve_ex, which does not check
     for errors and so does not synchronise the GPU with the host: I - A/2 is never
     singular (A's eigenvalues are imaginary). torch's version calls torch.linalg.solve,
-    which synchronises on every call, 12 times a step in the LM; with it the LAVO LM's
-    step was bound by the host (H200, 8K: ~10 ms a step more than a fixed basis).
-    matrix_exp, before it, took ~100 small kernels and 3 syncs a call. The map runs in
-    fp32 also under autocast, so training and decoding (which evaluates it once, at
-    `init_state`) see the same basis.
+    which synchronises on every call, 12 times a step in the LM, and so binds the LAVO
+    LM's step to the host; matrix_exp takes ~100 small kernels and 3 syncs a call
+    (docs/benchmarks.md, "End to end: LM training throughput against length"). The map
+    runs in fp32 also under autocast, so training and decoding (which evaluates it once,
+    at `init_state`) see the same basis.
     """
 
     def __init__(self, initial: torch.Tensor):

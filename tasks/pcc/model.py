@@ -33,8 +33,8 @@ from .geometry import farthest_point_sample, gather_points, knn
 
 # The folding grid spans [-1, 1]^2: a code of unit scale, which the fold's MLP maps to the
 # patch's size. PoinTr's grid spans [-0.05, 0.05]^2; with inputs that small the first layer
-# sees almost only the query feature (test CD-l1 24.5 against 23.2 with the unit grid after
-# 3,000 steps on a GPU, at width 64 with 32 queries, batch 8; docs/benchmarks.md).
+# sees almost only the query feature (the trials: docs/benchmarks.md, "Point cloud
+# completion (pcc)").
 GRID_HALF_WIDTH = 1.0
 
 

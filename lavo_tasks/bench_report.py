@@ -1,0 +1,237 @@
+"""Write the generated tables of docs/benchmarks.md from the raw rows in docs/bench/.
+
+    python -m lavo_tasks.bench_report docs/bench [--page docs/benchmarks.md] [--check]
+
+The page is hand-written except between the marker lines
+
+    <!-- table: NAME -->
+    ...
+    <!-- end table -->
+
+which this module rewrites from every *.jsonl file of the folder (NAME is one of TABLES).
+Files are read oldest first: a file's name starts with its date (YYYY-MM-DD), and the runs
+of one day are told apart by a letter at the end of the name (the bare name first, then
+-b, -c, ...). A later row replaces an earlier one with the same key, so every cell of a
+table is the latest measurement of it, and the sources under the table name the file,
+date, device and torch of each cell. Rows carrying an "error" (a measurement that failed,
+e.g. out of memory) are not figures and are skipped; any other row that no table takes is
+an error, so a new kind of measurement cannot vanish from the page unnoticed.
+
+--check writes nothing and exits 1 when the page differs from what it would write.
+"""
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+MARKER = re.compile(r"^<!-- table: ([a-z0-9-]+) -->\n.*?^<!-- end table -->\n", re.M | re.S)
+DATE = re.compile(r"^\d{4}-\d{2}-\d{2}-")
+RUN_LETTER = re.compile(r"-([a-z])$")
+
+KERNEL_OPS = ["softmax", "softmax_default", "local", "lavo", "gsa", "fla_gsa"]
+OP_HEADERS = {"softmax": "softmax (SDPA, FlashAttention)", "softmax_default": "softmax_default (SDPA, no backend forced)",
+              "local": "local (flex, w=128)", "lavo": "lavo", "gsa": "gsa", "fla_gsa": "fla `chunk_gsa`"}
+ATTENTIONS = ["softmax", "local", "lavo", "gsa"]
+
+
+class ReportError(Exception):
+    """Bad input to the report: the message is one line naming the file or marker."""
+
+
+def file_order(path: Path) -> tuple:
+    """Sort key: date, then run letter ('' for the bare name), then the name itself."""
+    if not DATE.match(path.name):
+        raise ReportError(f"{path}: a raw file's name must start with its date, YYYY-MM-DD-")
+    letter = RUN_LETTER.search(path.stem)
+    return path.name[:10], letter.group(1) if letter else "", path.name
+
+
+def read_rows(folder: Path) -> list[tuple[Path, int, dict]]:
+    """(file, line number, row) for every measurement in folder's *.jsonl, oldest first."""
+    rows = []
+    for path in sorted(folder.glob("*.jsonl"), key=file_order):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ReportError(f"{path}:{number}: not a JSON object ({err.msg})") from None
+            if "error" not in row:
+                rows.append((path, number, row))
+    return rows
+
+
+def fmt_k(value: float) -> str:
+    return f"{value / 1000:.0f}K"
+
+
+def fmt_mib(value: float) -> str:
+    return f"{value / 1024:.0f} GiB" if value >= 1024 else f"{value:.0f} MiB"
+
+
+def fmt_params(value: int) -> str:
+    return f"{value / 1e6:.1f}M"
+
+
+def order(values, preferred: list) -> list:
+    """values in the order of preferred, then any others sorted."""
+    values = set(values)
+    return [v for v in preferred if v in values] + sorted(values - set(preferred))
+
+
+@dataclass(frozen=True)
+class Table:
+    """One generated table: which rows it takes, each row's key, and how its cells are drawn."""
+
+    name: str
+    takes: Callable[[dict], bool]
+    fields: tuple[str, ...]  # what every row it takes must hold
+    key: Callable[[dict], tuple]
+    draw: Callable[[dict, Callable[[tuple], str]], list[str]]  # (cells by key, key -> source mark) -> lines
+
+
+def wide(row_label, corner: str, columns: list[str], cell, headers: dict[str, str] | None = None):
+    """draw for keys (attention, row key): rows sorted by row key, attentions across."""
+    headers = headers or {}
+
+    def draw(cells, source):
+        ops = order({op for op, _ in cells}, columns)
+        lines = [f"| {corner} | " + " | ".join(headers.get(op, op) for op in ops) + " |", "|---" * (len(ops) + 1) + "|"]
+        for rk in sorted({rk for _, rk in cells}):
+            first = next(cells[(op, rk)] for op in ops if (op, rk) in cells)
+            shown = [cell(cells[(op, rk)]) + source((op, rk)) if (op, rk) in cells else "" for op in ops]
+            lines.append(f"| {row_label(first)} | " + " | ".join(shown) + " |")
+        return lines
+
+    return draw
+
+
+def draw_tasks(cells, source):
+    """draw for keys (task, attention): one line per run of bench_e2e."""
+    lines = ["| task | attention | batch | samples/s | tokens/s | step ms | peak GiB | params |",
+             "|---|---|---|---|---|---|---|---|"]
+    for task in sorted({t for t, _ in cells}):
+        for attention in order({a for t, a in cells if t == task}, ATTENTIONS):
+            r = cells[(task, attention)]
+            label = f"{attention} (cross: softmax)" if r.get("cross_fallback") else attention
+            lines.append(f"| {task} | {label}{source((task, attention))} | {r['batch']} | {r['samples_per_s']:.1f} | "
+                         f"{r['tokens_per_s']:,.0f} | {r['step_ms']:.0f} | {r['peak_gib']:.2f} | {fmt_params(r['params'])} |")
+    return lines
+
+
+def fmt_len(tokens: int) -> str:
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
+
+
+def kernel_shape(r: dict) -> str:
+    return f"{r['B']} x {fmt_len(r['T'])}"
+
+
+TABLES = [
+    Table("kernel-train", lambda r: r.get("kind") == "kernel", ("op", "B", "T", "fwd_ms", "fwd_bwd_ms", "peak_mib"),
+          lambda r: (r["op"], (r["T"], r["B"])),
+          wide(kernel_shape, "B x T", KERNEL_OPS,
+               lambda r: f"{r['fwd_ms']:.2f} / {r['fwd_bwd_ms']:.2f} ({r['peak_mib']:.0f})", OP_HEADERS)),
+    Table("kernel-decode", lambda r: r.get("kind") == "decode", ("op", "B", "T", "decode_ms", "state_mib"),
+          lambda r: (r["op"], (r["T"], r["B"])),
+          wide(kernel_shape, "batch x context", KERNEL_OPS,
+               lambda r: f"{r['decode_ms']:.3f} ms, {fmt_mib(r['state_mib'])}",
+               {"softmax": "softmax (SDPA + KV cache)", "fla_gsa": "fla `fused_recurrent_gsa`"})),
+    Table("e2e-lm-length", lambda r: "task" not in r and "tokens_per_s" in r, ("attention", "T", "step_ms"),
+          lambda r: (r["attention"], r["T"]),
+          wide(lambda r: fmt_len(r["T"]), "T", ATTENTIONS,
+               lambda r: f"{fmt_k(r['tokens_per_s'])} ({r['step_ms']:.0f})")),
+    Table("e2e-tasks", lambda r: "task" in r and "samples_per_s" in r,
+          ("attention", "batch", "tokens_per_s", "step_ms", "peak_gib", "params"), lambda r: (r["task"], r["attention"]),
+          draw_tasks),
+]
+
+
+def build_tables(rows: list[tuple[Path, int, dict]]) -> dict[str, str]:
+    """Markdown of every table (its lines and its sources), from rows oldest first."""
+    cells = {t.name: {} for t in TABLES}
+    origin = {t.name: {} for t in TABLES}
+    for path, number, row in rows:
+        table = next((t for t in TABLES if t.takes(row)), None)
+        if table is None:
+            raise ReportError(f"{path}:{number}: no table in lavo_tasks/bench_report.py takes this row "
+                              f"(keys: {', '.join(sorted(row))}); add one")
+        missing = [field for field in table.fields if field not in row]
+        if missing:
+            raise ReportError(f"{path}:{number}: a row of table {table.name} lacks {', '.join(missing)}")
+        key = table.key(row)
+        cells[table.name][key] = row
+        origin[table.name][key] = path
+    out = {}
+    for table in TABLES:
+        if not cells[table.name]:
+            continue
+        # The file most cells came from is unmarked; the others get a number each.
+        counts: dict[Path, int] = {}
+        for path in origin[table.name].values():
+            counts[path] = counts.get(path, 0) + 1
+        files = sorted(counts, key=lambda p: (-counts[p], file_order(p)))
+        marks = {path: (f"<sup>{i}</sup>" if i > 1 else "") for i, path in enumerate(files, 1)}
+        lines = table.draw(cells[table.name], lambda key, t=table.name: marks[origin[t][key]])
+        lines.append("")
+        for i, path in enumerate(files, 1):
+            sample = next(cells[table.name][k] for k, p in origin[table.name].items() if p == path)
+            device = sample.get("gpu") or sample.get("device", "device not recorded")
+            which = "unmarked cells" if i == 1 else f"<sup>{i}</sup>"
+            lines.append(f"- {which}: [bench/{path.name}](bench/{path.name}), {sample.get('date', path.name[:10])}, "
+                         f"{device}, torch {sample.get('torch', 'not recorded')}")
+        out[table.name] = "\n".join(lines) + "\n"
+    return out
+
+
+def render(page: str, tables: dict[str, str]) -> str:
+    """page with the text between each table's markers replaced by that table."""
+    known = {t.name for t in TABLES}
+
+    def fill(match):
+        name = match.group(1)
+        if name not in known:
+            raise ReportError(f"table marker '{name}' in the page: no such table (known: {', '.join(sorted(known))})")
+        if name not in tables:
+            raise ReportError(f"table marker '{name}' in the page: no raw row in the folder fills it")
+        return f"<!-- table: {name} -->\n{tables[name]}<!-- end table -->\n"
+
+    return MARKER.sub(fill, page)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lavo_tasks.bench_report", description=__doc__.split("\n\n")[0])
+    p.add_argument("folder", help="the raw files' folder (docs/bench)")
+    p.add_argument("--page", help="the page to update (default: benchmarks.md beside the folder)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the page is out of date")
+    args = p.parse_args(argv)
+    folder = Path(args.folder)
+    page = Path(args.page) if args.page else folder.parent / "benchmarks.md"
+    try:
+        if not folder.is_dir():
+            raise ReportError(f"{folder}: no such folder (the raw benchmark files, e.g. docs/bench)")
+        if not page.is_file():
+            raise ReportError(f"{page}: no such page (--page names the Markdown file to update)")
+        text = page.read_text()
+        new = render(text, build_tables(read_rows(folder)))
+    except ReportError as err:
+        print(f"bench_report: {err}", file=sys.stderr)
+        return 2
+    if args.check:
+        if new != text:
+            print(f"bench_report: {page} is out of date with {folder}; run python -m lavo_tasks.bench_report {folder}",
+                  file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        page.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""docs/benchmarks.md's tables: the latest row of every cell, from the raw JSONL files."""
+
+import json
+from pathlib import Path
+
+from lavo_tasks import bench_report
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = "# page\nhand-written\n<!-- table: kernel-train -->\nstale\n<!-- end table -->\nafter\n"
+
+
+def kernel(op, T, fwd, fwd_bwd, **extra):
+    return {"date": "x", "gpu": "GPU-A", "torch": "9.9", "kind": "kernel", "op": op, "B": 65536 // T, "T": T,
+            "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd, "peak_mib": 100.0, **extra}
+
+
+def write(folder: Path, name: str, rows: list[dict]):
+    (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_later_runs_replace_earlier_cells_and_are_marked(tmp_path):
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    # Read order: 01-01 bare name, 01-01 run b, then 01-02 (whose failed row is no figure).
+    write(bench, "2026-01-01-gpu-b.jsonl", [kernel("lavo", 1024, 0.5, 2.0) | {"date": "2026-01-01b"}])
+    write(bench, "2026-01-01-gpu.jsonl", [kernel("lavo", 1024, 1.0, 4.0), kernel("softmax", 1024, 3.0, 9.0),
+                                          kernel("softmax", 2048, 3.5, 9.5)])
+    write(bench, "2026-01-02-gpu.jsonl", [{"kind": "kernel", "op": "softmax", "B": 64, "T": 1024, "error": "oom"}])
+    page = tmp_path / "benchmarks.md"
+    page.write_text(PAGE)
+    assert bench_report.main([str(bench)]) == 0
+    assert page.read_text() == (
+        "# page\nhand-written\n<!-- table: kernel-train -->\n"
+        "| B x T | softmax (SDPA, FlashAttention) | lavo |\n"
+        "|---|---|---|\n"
+        "| 64 x 1K | 3.00 / 9.00 (100) | 0.50 / 2.00 (100)<sup>2</sup> |\n"
+        "| 32 x 2K | 3.50 / 9.50 (100) |  |\n"
+        "\n"
+        "- unmarked cells: [bench/2026-01-01-gpu.jsonl](bench/2026-01-01-gpu.jsonl), x, GPU-A, torch 9.9\n"
+        "- <sup>2</sup>: [bench/2026-01-01-gpu-b.jsonl](bench/2026-01-01-gpu-b.jsonl), 2026-01-01b, GPU-A, torch 9.9\n"
+        "<!-- end table -->\nafter\n")
+    assert bench_report.main([str(bench), "--check"]) == 0  # rerunning changes nothing
+
+
+def test_check_fails_on_a_stale_page(tmp_path, capsys):
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    write(bench, "2026-01-01-gpu.jsonl", [kernel("gsa", 1024, 1.0, 4.0)])
+    page = tmp_path / "benchmarks.md"
+    page.write_text(PAGE)
+    assert bench_report.main([str(bench), "--check"]) == 1
+    assert page.read_text() == PAGE
+    assert "out of date" in capsys.readouterr().err
+
+
+def test_a_row_no_table_takes_is_one_line_naming_its_file_and_line(tmp_path, capsys):
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    write(bench, "2026-01-01-gpu.jsonl", [kernel("gsa", 1024, 1.0, 4.0), {"kind": "new", "value": 1}])
+    (tmp_path / "benchmarks.md").write_text(PAGE)
+    assert bench_report.main([str(bench)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "2026-01-01-gpu.jsonl:2: no table" in err and "kind, value" in err
+
+
+def test_a_file_without_its_date_and_an_unknown_marker_are_refused(tmp_path, capsys):
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    write(bench, "gpu.jsonl", [kernel("gsa", 1024, 1.0, 4.0)])
+    (tmp_path / "benchmarks.md").write_text(PAGE)
+    assert bench_report.main([str(bench)]) == 2
+    assert "must start with its date" in capsys.readouterr().err
+    (bench / "gpu.jsonl").rename(bench / "2026-01-01-gpu.jsonl")
+    (tmp_path / "benchmarks.md").write_text("<!-- table: nothing -->\n<!-- end table -->\n")
+    assert bench_report.main([str(bench)]) == 2
+    assert "table marker 'nothing'" in capsys.readouterr().err
+
+
+def test_the_tasks_table_names_the_cross_fallback():
+    row = {"task": "tts", "attention": "local", "cross_fallback": True, "batch": 16, "samples_per_s": 172.6,
+           "tokens_per_s": 24683.2, "step_ms": 92.7, "peak_gib": 1.421, "params": 53_100_000}
+    lines = bench_report.draw_tasks({("tts", "local"): row}, lambda key: "")
+    assert lines[-1] == "| tts | local (cross: softmax) | 16 | 172.6 | 24,683 | 93 | 1.42 | 53.1M |"
+
+
+def test_the_committed_page_is_up_to_date_with_docs_bench():
+    assert bench_report.main([str(ROOT / "docs" / "bench"), "--check"]) == 0
+
+
+def test_a_row_without_a_field_its_table_needs_is_one_line(tmp_path, capsys):
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    row = kernel("gsa", 1000, 1.0, 4.0)
+    del row["peak_mib"]
+    write(bench, "2026-01-01-gpu.jsonl", [kernel("gsa", 1000, 1.0, 4.0), row])
+    (tmp_path / "benchmarks.md").write_text(PAGE)
+    assert bench_report.main([str(bench)]) == 2
+    assert "2026-01-01-gpu.jsonl:2: a row of table kernel-train lacks peak_mib" in capsys.readouterr().err
+    assert bench_report.kernel_shape({"B": 3, "T": 1000}) == "3 x 1000"  # lengths that are not whole K
+
+
+def test_a_missing_folder_or_page_is_one_line(tmp_path, capsys):
+    assert bench_report.main([str(tmp_path / "nowhere")]) == 2
+    assert "nowhere: no such folder" in capsys.readouterr().err
+    (tmp_path / "bench").mkdir()
+    assert bench_report.main([str(tmp_path / "bench")]) == 2
+    assert "benchmarks.md: no such page" in capsys.readouterr().err
