@@ -351,7 +351,7 @@ def validate(cfg: DictConfig) -> None:
     """Range checks after `compose`; raises ConfigError naming the first bad key."""
     _check_basics(cfg)
     task = tasks.load_task(cfg.task)
-    for site, pattern in task.sites.items():
+    for site, pattern in task.site_patterns(cfg).items():
         _check_site(cfg, site, pattern)
     task.check_config(cfg)
     if cfg.data.path and not Path(cfg.data.path).expanduser().exists():

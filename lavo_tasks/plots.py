@@ -5,6 +5,7 @@ Figures are made with `matplotlib.figure.Figure` (not pyplot), so no global back
 state is touched and nothing needs a display.
 """
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,6 +28,13 @@ def attention_label(cfg: DictConfig) -> str:
 def _describe(attention: dict) -> str:
     keys = [f"{k}={v}" for k, v in attention.items() if k != "name" and k not in RUNTIME_KEYS]
     return f"{attention['name']}({', '.join(keys)})" if keys else attention["name"]
+
+
+def set_suptitle(fig: Figure, text: str, fontsize: float = 9) -> None:
+    """`text` as the figure's title, each line wrapped at spaces to the figure's width (an
+    attention label per site runs longer than a small figure)."""
+    width = max(int(fig.get_figwidth() * 72 / (fontsize * 0.6)), 20)  # characters of ~0.6 em per line
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in text.split("\n")), fontsize=fontsize)
 
 
 def format_metrics(metrics: dict[str, float], names: Sequence[str]) -> str:

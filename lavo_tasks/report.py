@@ -6,14 +6,20 @@ failed before it wrote one (its configuration is composed from sweep.json). Runs
 configurations differ in anything but the attention sites, the seed and the run.* keys are
 never averaged together: each such group gets its own table, headed by the keys that set
 it apart. Rows are attentions (one entry per site where the sites differ); columns are the
-test metrics as mean ± std over seeds (sample std; "—" for one seed), the number of seeds,
-wall time, peak memory and parameter count (metrics.meta.json's `resources`, see
-lavo_tasks.runner). The task's model-free baselines go under the table. A run whose
-metrics.json is missing or damaged is counted as failed, and listed with the reason.
+model's headline test metrics, marked ↓ (lower is better) or ↑, as mean ± std over seeds
+(sample std; "—" for one seed), the number of seeds, wall time, peak memory and parameter
+count (metrics.meta.json's `resources`, see lavo_tasks.runner). A metric
+`<metric>_<part>` (pcc's per category, lm's per test length) is a breakdown: it gets a
+table of its own. The task's model-free baselines (`Task.baselines`, and their
+breakdowns) go in a table under it, a row per baseline in the columns of the metric each
+compares with. A run whose metrics.json is missing or damaged is counted as failed, and
+listed with the reason.
 
-Written to --out (default: DIR when one is given, else ./report): report.md, report.csv,
-report.png (one panel per metric, bars with std error bars; report-<n>.png per group when
-there are several) and, with runs of two or more tasks, CAB's compositional index per
+Written to --out (default: DIR when one is given, else ./report): report.md, report.csv
+(every metric, breakdowns and baselines included), report.png (one panel per headline
+metric: a point per attention with std error bars, the baselines as dashed lines, the
+y axis spanning the data rather than starting at 0; report-<n>.png per group when there
+are several) and, with runs of two or more tasks, CAB's compositional index per
 pattern (lavo_tasks.compositional_index) in report.md and compositional_index.csv.
 """
 
@@ -34,7 +40,7 @@ from .compositional_index import CI_METRICS, cab_dataset, compositional_index
 from .config import compose
 from .errors import ConfigError
 from .files import write_atomically
-from .plots import attention_label, save_figure
+from .plots import attention_label, readable_ylim, save_figure, set_suptitle
 
 # Keys that do not make two runs different experiments: how a run writes and shows itself.
 IGNORED_KEYS = ("seed", "run.", "trainer.enable_progress_bar", "trainer.log_every_n_steps")
@@ -177,11 +183,55 @@ def _cell(values: list[float]) -> str:
     return f"{mean:.4g} ± {std:.2g}" if std is not None else f"{mean:.4g}"
 
 
+# What a better value of a metric is, by the end of its name (`test_decode_acc` ends in
+# `acc`); a breakdown `<metric>_<part>` goes the way of its metric. Other metrics (a length
+# ratio, a mean length) have no better direction and get no mark.
+LOWER_IS_BETTER = ("loss", "ppl", "mse", "mae", "mase", "smape", "nd", "cd_l1", "cd_l2", "mcd", "msd")
+HIGHER_IS_BETTER = ("fscore", "rouge1", "rouge2", "rougeL", "acc", "accuracy")
+MARKS = {"lower": "↓", "higher": "↑", "": ""}
+
+
+def better(name: str) -> str:
+    """"lower", "higher" or "" (no direction, or a metric this table does not know)."""
+    for ends, word in ((LOWER_IS_BETTER, "lower"), (HIGHER_IS_BETTER, "higher")):
+        if any(name == end or name.endswith("_" + end) for end in ends):
+            return word
+    return ""
+
+
+def marked(name: str) -> str:
+    """`test_mse ↓`: the name with its better direction."""
+    return f"{name} {MARKS[better(name)]}".rstrip()
+
+
+def split_parts(names: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """(headline metrics, {headline: its breakdowns}): a name `<headline>_<part>` whose
+    headline is among `names` is a breakdown of it (pcc's `test_cd_l1_<category>`, lm's
+    `test_ppl_2x`), filed under the longest such headline."""
+    heads = [n for n in names if not any(n.startswith(h + "_") for h in names if h != n)]
+    parts: dict[str, list[str]] = {}
+    for name in names:
+        if name not in heads:
+            head = max((h for h in heads if name.startswith(h + "_")), key=len)
+            parts.setdefault(head, []).append(name)
+    return heads, parts
+
+
+def baseline_label(baseline: str, metric: str) -> str | None:
+    """What `baseline` is beside `metric`: `last_value` for test_last_value_mse beside
+    test_mse (a baseline name is `test_<what>_<the metric's name after test_>`), else None."""
+    tail = "_" + metric.removeprefix("test_")
+    if not baseline.endswith(tail) or baseline == metric:
+        return None
+    return baseline.removeprefix("test_").removesuffix(tail) or None
+
+
 @dataclass
 class Table:
     group: Group
-    metrics: list[str]  # the model's test metrics (columns)
-    baselines: list[str]  # the task's model-free metrics present
+    metrics: list[str]  # the model's headline test metrics: the table's columns, the plot's panels
+    parts: dict[str, list[str]]  # {headline metric: its breakdowns}, tables of their own
+    baselines: list[str]  # the task's model-free metrics present, breakdowns included
     rows: dict[str, list[Run]]
 
     def values(self, row: str, name: str) -> list[float]:
@@ -190,17 +240,39 @@ class Table:
     def resource(self, row: str, name: str) -> list[float]:
         return [run.resources[name] for run in self.rows[row] if run.metrics and name in run.resources]
 
+    def baseline_values(self, name: str) -> list[float]:
+        """A baseline's figure in every finished run (the same data, so the same up to the seed's split)."""
+        return [run.metrics[name] for runs in self.rows.values() for run in runs if run.metrics and name in run.metrics]
+
+    def baseline_cell(self, name: str) -> str:
+        """The baseline's figure; mean ± std only where its runs differ (seeds that split the data apart)."""
+        values = self.baseline_values(name)
+        if values and max(values) - min(values) <= 1e-9 * max(abs(v) for v in values):
+            return f"{values[0]:.4g}"
+        return _cell(values)
+
+    def baselines_of(self, metric: str) -> dict[str, str]:
+        """{label: baseline metric} of the baselines that compare with `metric`."""
+        labels = {b: baseline_label(b, metric) for b in self.baselines}
+        return {label: b for b, label in labels.items() if label}
+
+    def all_metrics(self) -> list[str]:
+        """Every metric of the table, each headline followed by its breakdowns."""
+        return [*(n for m in self.metrics for n in (m, *self.parts.get(m, ()))), *self.baselines]
+
 
 def build_table(group: Group) -> Table:
-    baselines = set(tasks.load_task(group.task).baselines)
+    declared = tasks.load_task(group.task).baselines
     names = list(dict.fromkeys(name for run in group.runs if run.metrics for name in run.metrics))
-    return Table(group, [n for n in names if n not in baselines], [n for n in names if n in baselines], group.rows())
+    baselines = [n for n in names if any(n == b or n.startswith(b + "_") for b in declared)]
+    metrics, parts = split_parts([n for n in names if n not in baselines])
+    return Table(group, metrics, parts, baselines, group.rows())
 
 
 def markdown(table: Table) -> str:
     memory_kinds = {run.resources.get("memory") for runs in table.rows.values() for run in runs if run.resources}
     memory = "peak memory MiB" + (f" ({', '.join(sorted(k for k in memory_kinds if k))})" if memory_kinds else "")
-    header = ["attention", *table.metrics, "n seeds", "failed", "wall s", memory, "parameters"]
+    header = ["attention", *map(marked, table.metrics), "n seeds", "failed", "wall s", memory, "parameters"]
     lines = [f"### {table.group.title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     failed = []
     for row, runs in table.rows.items():
@@ -212,12 +284,10 @@ def markdown(table: Table) -> str:
                  _cell(table.resource(row, "wall_s")), _cell(mem),
                  ", ".join(f"{p:,}" for p in params) if params else "—"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    if table.baselines:
-        runs = [run for runs in table.rows.values() for run in runs if run.metrics]
-        figures = ", ".join(f"{name} {_cell([r.metrics[name] for r in runs if name in r.metrics])}"
-                            for name in table.baselines)
-        lines += [f"Model-free baselines (the same data for every attention): {figures}", ""]
+    lines += ["", "↓ lower is better, ↑ higher is better; mean ± std over seeds.", ""]
+    lines += _baseline_lines(table)
+    for metric, parts in table.parts.items():
+        lines += _parts_lines(table, metric, parts)
     resumed = sum(1 for runs in table.rows.values() for run in runs if run.resources.get("resumed"))
     if resumed:
         lines += [f"Wall time of {resumed} resumed run(s) counts only their last session.", ""]
@@ -226,29 +296,88 @@ def markdown(table: Table) -> str:
     return "\n".join(lines)
 
 
+def _baseline_lines(table: Table) -> list[str]:
+    """The model-free baselines as a table of their own: a row per baseline, in the columns
+    of the metrics they compare with; baselines beside no metric of the table as a line."""
+    columns = [m for m in table.metrics if table.baselines_of(m)]
+    labels = list(dict.fromkeys(label for m in columns for label in table.baselines_of(m)))
+    shown = {table.baselines_of(m)[label] for m in columns for label in table.baselines_of(m)}
+    lines = []
+    if labels:
+        lines += ["Model-free baselines (the same data for every attention):", "",
+                  "| baseline | " + " | ".join(map(marked, columns)) + " |", "|---|" + "---|" * len(columns)]
+        for label in labels:
+            cells = [table.baseline_cell(table.baselines_of(m)[label]) if label in table.baselines_of(m) else "—"
+                     for m in columns]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    in_parts = {b for parts in table.parts.values() for part in parts for b in table.baselines_of(part).values()}
+    others = [b for b in table.baselines if b not in shown and b not in in_parts]
+    if others:
+        figures = ", ".join(f"{name} {table.baseline_cell(name)}" for name in others)
+        lines += [f"Other model-free figures: {figures}", ""]
+    return lines
+
+
+def _parts_lines(table: Table, metric: str, parts: list[str]) -> list[str]:
+    """The breakdowns of `metric` (`<metric>_<part>`): a column per part, a row per
+    attention, then a row per baseline."""
+    names = [part.removeprefix(metric + "_") for part in parts]
+    lines = [f"{marked(metric)} by part ({metric}_<part>):", "",
+             "| attention | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for row in table.rows:
+        lines.append(f"| {row} | " + " | ".join(_cell(table.values(row, part)) for part in parts) + " |")
+    labels = list(dict.fromkeys(label for part in parts for label in table.baselines_of(part)))
+    for label in labels:
+        cells = [table.baseline_cell(table.baselines_of(part)[label]) if label in table.baselines_of(part) else "—"
+                 for part in parts]
+        lines.append(f"| {label} (baseline) | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def plot(table: Table, path: Path) -> None:
-    """One panel per metric: a bar per attention, error bar = std over seeds."""
+    """One panel per headline metric: a point per attention (its mean, written beside it;
+    error bar: std over seeds), a dashed line per model-free baseline of that metric, the
+    better direction in the title. The y axis spans the data and the baselines rather
+    than starting at 0 (a 3 % gap would vanish on an axis from 0), and the panel says
+    where it starts; points, not bars, so no length suggests a ratio to 0."""
     names = table.metrics
-    fig = Figure(figsize=(min(4 * len(names), 16), 3.6 + 0.4 * math.ceil(len(names) / 4) * 3))
     columns = min(len(names), 4)
+    fig = Figure(figsize=(min(4 * len(names), 16), 1.0 + 3.4 * math.ceil(len(names) / columns)))
     axes = fig.subplots(math.ceil(len(names) / columns), columns, squeeze=False).ravel()
     rows = list(table.rows)
     for ax, name in zip(axes, names):
         stats = [mean_std(table.values(row, name)) if table.values(row, name) else (math.nan, None) for row in rows]
-        ax.bar(range(len(rows)), [m for m, _ in stats], yerr=[s or 0 for _, s in stats], capsize=4,
-               color="tab:blue", alpha=0.8)
+        means = [m for m, _ in stats]
+        ax.errorbar(range(len(rows)), means, yerr=[s or 0 for _, s in stats], fmt="o", capsize=4, color="tab:blue")
+        for x, mean in enumerate(means):
+            if not math.isnan(mean):
+                ax.annotate(f"{mean:.4g}", (x, mean), xytext=(6, 0), textcoords="offset points", va="center",
+                            fontsize=7)
+        shown = [v for m, s in stats if not math.isnan(m) for v in (m - (s or 0), m + (s or 0))]
+        for n, (label, baseline) in enumerate(table.baselines_of(name).items()):
+            value = mean_std(table.baseline_values(baseline))[0]
+            ax.axhline(value, color=f"C{n + 1}", linestyle="--", linewidth=1.2)
+            ax.annotate(f"{label} {value:.4g}", (1, value), xycoords=("axes fraction", "data"), xytext=(-3, 2),
+                        textcoords="offset points", ha="right", va="bottom", fontsize=7, color=f"C{n + 1}")
+            shown.append(value)
+        readable_ylim(ax, shown)
+        ax.set_xlim(-0.5, len(rows) - 0.5)
+        low = ax.get_ylim()[0]
         ax.set_xticks(range(len(rows)), [row.split("(")[0] if len(rows) > 1 else row for row in rows],
                       rotation=30, ha="right", fontsize=8)
-        ax.set_title(name, fontsize=9)
+        direction = better(name)
+        ax.set_title(name + (f" ({direction} is better)" if direction else "")
+                     + (f"\ny axis from {low:.4g}, not 0" if low > 0 else ""), fontsize=9)
     for ax in axes[len(names):]:
         ax.set_visible(False)
-    fig.suptitle(f"{table.group.title} (error bars: std over seeds)", fontsize=9)
+    set_suptitle(fig, f"{table.group.title}\nmean over seeds, error bars: std; dashed: model-free baselines")
     fig.tight_layout()
     save_figure(fig, path)
 
 
 def csv_text(tables: list[Table]) -> str:
-    metrics = list(dict.fromkeys(m for t in tables for m in [*t.metrics, *t.baselines]))
+    metrics = list(dict.fromkeys(m for t in tables for m in t.all_metrics()))
     header = ["group", "task", "attention", "n_seeds", "failed", *(f"{m}_{s}" for m in metrics for s in ("mean", "std")),
               "wall_s_mean", "wall_s_std", "peak_memory_mib_mean", "memory", "parameters"]
     out = io.StringIO()
@@ -274,7 +403,9 @@ def csv_text(tables: list[Table]) -> str:
 
 def index_inputs(groups: list[Group]) -> tuple[dict, dict, list[str]]:
     """results[pattern][task][attention name] = {metric: mean over seeds} and the CAB key of
-    each task, for lavo_tasks.compositional_index; tasks with more than one group are left out."""
+    each task, for lavo_tasks.compositional_index; tasks with more than one group are left out.
+    A run counts under the patterns its configuration ran (`Task.site_patterns`: a
+    summarization run counts at NC unless model.cross_causal=true)."""
     results, cab_keys, notes = {}, {}, []
     by_task: dict[str, list[Group]] = {}
     for group in groups:
@@ -287,11 +418,12 @@ def index_inputs(groups: list[Group]) -> tuple[dict, dict, list[str]]:
         runs = [run for run in task_groups[0].runs if run.metrics]
         keys = {cab_dataset(task, OmegaConf.select(r.cfg, "model.preset"), r.cfg.data.path) for r in runs}
         cab_keys[task] = keys.pop() if len(keys) == 1 else None
-        sites = tasks.load_task(task).sites
-        for pattern in dict.fromkeys(sites.values()):
+        task_spec = tasks.load_task(task)
+        patterns = [task_spec.site_patterns(run.cfg) for run in runs]  # the patterns each run ran
+        for pattern in dict.fromkeys(p for run_patterns in patterns for p in run_patterns.values()):
             collected: dict[str, list[dict]] = {}
-            for run in runs:
-                names = {run.cfg.model[s].name for s, p in sites.items() if p == pattern}
+            for run, run_patterns in zip(runs, patterns):
+                names = {run.cfg.model[s].name for s, p in run_patterns.items() if p == pattern}
                 if len(names) == 1:
                     collected.setdefault(names.pop(), []).append(run.metrics)
             means = {a: {m: sum(r[m] for r in rs) / len(rs) for m in CI_METRICS.get(task, {}) if all(m in r for r in rs)}

@@ -38,13 +38,25 @@ def _leaves(cfg: DictConfig, prefix: str = "") -> list[tuple[str, object]]:
 
 
 def _key_lines(leaves: list[tuple[str, object]], comments: dict[str, str]) -> list[str]:
-    """`  key=default   meaning` (meaning: the key's YAML comment)."""
+    """`  key=default   meaning` (meaning: the key's YAML comment, each further line of it
+    below the first, under it)."""
     lines = []
     for path, value in leaves:
         text = f"{path}={value!r}" if value == "" else f"{path}={value}"
-        meaning = comments.get(path, "")
-        lines.append(f"  {text:<34} {meaning}" if meaning else f"  {text}")
+        first, *more = comments.get(path, "").split("\n")
+        prefix = f"  {text:<34} "
+        lines.append(prefix + first if first else f"  {text}")
+        lines += [" " * len(prefix) + line for line in more]
     return lines
+
+
+def _causal_switch(task, site: str, pattern: str) -> str:
+    """`; model.cross_causal=true: CC (...)` for a site whose causality a key chooses."""
+    key = task.causal_keys.get(site)
+    if key is None:
+        return ""
+    other = ("N" if pattern[0] == "C" else "C") + pattern[1]
+    return f"; {key}={str(pattern[0] == 'N').lower()}: {other} ({PATTERN_NAMES[other]})"
 
 
 def _task_of(argv: list[str]) -> str:
@@ -59,7 +71,8 @@ def usage(argv: list[str] | None = None) -> str:
     task_yaml = read_yaml(f"task/{task}.yaml")
     task_yaml.pop("presets", None)
     own_keys = {path for path, _ in _leaves(task_yaml)}
-    sites = tasks.load_task(task).sites
+    task_of_cfg = tasks.load_task(task)
+    sites = task_of_cfg.site_patterns(cfg)
     site_keys = tuple(f"model.{site}." for site in sites)  # each site's whole attention config
     leaves = [(path, value) for path, value in _leaves(cfg)
               if not path.startswith("attention.") and not path.startswith(site_keys)]
@@ -70,7 +83,8 @@ def usage(argv: list[str] | None = None) -> str:
         keys = _key_lines([(f"attention.{k}", v) for k, v in group.items() if k != "name"],
                           key_comments(f"attention/{name}.yaml"))
         attention_lines += [f"  {name}:" + ("" if keys else " (no keys)"), *("  " + line for line in keys)]
-    site_lines = [f"  model.{site}: {pattern} ({PATTERN_NAMES[pattern]})" for site, pattern in sites.items()]
+    site_lines = [f"  model.{site}: {pattern} ({PATTERN_NAMES[pattern]})" + _causal_switch(task_of_cfg, site, pattern)
+                  for site, pattern in sites.items()]
     return "\n".join([
         "usage: python -m lavo_tasks.train [task=NAME] [attention=NAME] [key=value ...]",
         "",

@@ -6,7 +6,8 @@ logs `test_cd_l1`, `test_cd_l2`, `test_fscore` of the dense prediction and the s
 category (`test_cd_l1_<category>`, ...), and beside them the figures of the model-free
 baseline that outputs the partial input itself (`test_partial_cd_l1`, ...), on the same
 test clouds. Artifacts: `completions.png` (partial / predicted / true clouds of the first
-test model of each category, up to PICTURED of them, matplotlib 3-D scatter: open3d's offscreen renderer needs an EGL or
+test model of each category, up to PICTURED of them, titled with the attention and the
+test figures, matplotlib 3-D scatter: open3d's offscreen renderer needs an EGL or
 X display, which a bare machine lacks) and those predictions as `predictions/*.pcd`.
 
 Test metrics are torchmetrics Metrics (metrics.CompletionScores): with several devices
@@ -23,9 +24,10 @@ from omegaconf import DictConfig
 
 from ...config import site_attention
 from ...module import TaskModule
+from ...plots import attention_label, format_metrics, set_suptitle
 from .data import write_pcd
 from .geometry import chamfer_l1_loss
-from .metrics import CompletionScores, completion_metrics
+from .metrics import METRICS, CompletionScores, completion_metrics
 from .model import PoinTr
 
 PICTURED = 8  # categories pictured, one test model each
@@ -96,12 +98,17 @@ class CompletionModule(TaskModule):
         folder = self.artifacts_dir / "predictions"
         for item in self.pictured:
             write_pcd(folder / f"{item['name']}.pcd", item["predicted"])
-        self.draw_completions()
+        self.draw_completions({name: float(value) for name, value in figures.items()})
 
-    def draw_completions(self) -> None:
+    def draw_completions(self, figures: dict[str, float]) -> None:
         """One row per pictured test model: partial, predicted and true clouds, seen from
-        the same direction, on the same axes."""
-        fig = Figure(figsize=(10.5, 3.4 * len(self.pictured)))
+        the same direction, on the same axes; titled with the attention and the test
+        figures of the model and of the partial input (`figures`: the test metrics), each
+        row with its category's."""
+        fig = Figure(figsize=(10.5, 0.6 + 3.4 * len(self.pictured)))
+        headline = [f"test_{name}" for name in METRICS]
+        set_suptitle(fig, f"pcc, attention {attention_label(self.cfg)}\nmodel: {format_metrics(figures, headline)}\n"
+                          f"partial input: {format_metrics(figures, [f'test_partial_{name}' for name in METRICS])}")
         rng = np.random.default_rng(0)
         for row, item in enumerate(self.pictured):
             limit = np.abs(item["true"]).max() * 1.05
@@ -116,6 +123,10 @@ class CompletionModule(TaskModule):
                 ax.set_box_aspect((1, 1, 1))
                 ax.view_init(elev=25, azim=45)
                 ax.set_axis_off()
-                ax.set_title(f"{item['name']}: {kind} ({len(item[kind])} points)", fontsize=8)
+                title = f"{item['name']}: {kind} ({len(item[kind])} points)"
+                if kind in ("partial", "predicted"):  # the category's test figure of this cloud's kind
+                    prefix = "test_partial_" if kind == "partial" else "test_"
+                    title += "\n" + format_metrics(figures, [f"{prefix}cd_l1_{item['category']}"])
+                ax.set_title(title, fontsize=8)
         fig.tight_layout()
         fig.savefig(self.artifacts_dir / "completions.png", dpi=100)

@@ -19,10 +19,10 @@ from .data import FORMATS, split_files
 from .data import SummarizationDataModule as DataModule
 from .module import SummarizationModule as Module
 
-# CAB: noncausal encoder, causal decoder, causal cross-attention. The config check asks the
-# cross site for CC also under model.cross_causal=false (NC): the attentions that run one
-# (softmax, lavo, gsa) run both.
-SITES = {"encoder_attention": "NS", "decoder_attention": "CS", "cross_attention": "CC"}
+# Noncausal encoder, causal decoder; the cross-attention is noncausal (NC) by default and
+# causal (CC, as CAB) under model.cross_causal=true (the cab preset sets it).
+SITES = {"encoder_attention": "NS", "decoder_attention": "CS", "cross_attention": "NC"}
+CAUSAL_KEYS = {"cross_attention": "model.cross_causal"}
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -53,6 +53,6 @@ def check_config(cfg: DictConfig) -> None:
 
 
 TASK = Task(name="summarization", DataModule=DataModule, Module=Module, check_config=check_config, sites=SITES,
-            baselines=("test_lead_rouge1", "test_lead_rouge2", "test_lead_rougeL"))
+            causal_keys=CAUSAL_KEYS, baselines=("test_lead_rouge1", "test_lead_rouge2", "test_lead_rougeL"))
 
 __all__ = ["TASK"]

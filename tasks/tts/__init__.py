@@ -18,9 +18,10 @@ from .module import TTSModule as Module
 from .text import FRONTENDS
 
 # Transformer-TTS as CAB runs it: noncausal text encoder, causal mel decoder, and causal
-# cross-attention (decoder step t reads text positions <= t). model.cross_causal=false
-# runs NC instead; every block with a CC pattern has NC too, so the CC check covers it.
+# cross-attention (decoder step t reads text positions <= t); model.cross_causal=false
+# runs the cross-attention NC instead.
 SITES = {"encoder_attention": "NS", "decoder_attention": "CS", "cross_attention": "CC"}
+CAUSAL_KEYS = {"cross_attention": "model.cross_causal"}
 
 
 def _number(value) -> bool:
@@ -62,6 +63,6 @@ def check_config(cfg: DictConfig) -> None:
 
 
 TASK = Task(name="tts", DataModule=DataModule, Module=Module, check_config=check_config, sites=SITES,
-            baselines=("test_baseline_mcd", "test_baseline_msd"))
+            causal_keys=CAUSAL_KEYS, baselines=("test_baseline_mcd", "test_baseline_msd"))
 
 __all__ = ["TASK"]

@@ -12,7 +12,12 @@ For each (reference, synthesised) pair of waveforms:
   last (steps right, down, diagonal; every cell on the path counted once).
 
 The corpus score is the sum of the path costs over the utterances divided by the total
-number of synthesised frames (eval_sp's distortion per synthesised frame).
+number of reference frames: the distortion per reference frame, as eval_sp reports it
+beside the length ratio. Every synthesised frame lies on the path, so frames an output
+adds beyond what the reference needs add to the cost while the divisor stays fixed: an
+output that never stops scores worse than one that stops (dividing by the synthesised
+frames instead would reward it). The task reports the length ratio (`test_length_ratio`)
+beside the score, so a reader sees how long the output ran.
 """
 
 import numpy as np
@@ -80,7 +85,7 @@ class CorpusDistortion(torch.nn.Module):
     """Accumulates MCD and MSD over utterances: `update(reference, synthesised)` with
     waveforms [samples]; `compute()` -> {"mcd", "msd"} (see the module docstring).
 
-    Each score is a `lavo_tasks.metrics.SumRatio` (summed DTW costs / synthesised frames,
+    Each score is a `lavo_tasks.metrics.SumRatio` (summed DTW costs / reference frames,
     float64): `compute()` adds the sums up over the processes, so each may score its own
     share of the test split. It is a collective call: every process makes it. The features
     are computed where the audio is; the DTW runs on the CPU.
@@ -96,10 +101,15 @@ class CorpusDistortion(torch.nn.Module):
             metric.reset()
 
     def update(self, reference: torch.Tensor, synthesised: torch.Tensor) -> None:
-        ref_mfcc, ref_mel = (f.cpu().numpy() for f in self.features(reference))
-        syn_mfcc, syn_mel = (f.cpu().numpy() for f in self.features(synthesised))
-        self.scores["mcd"].update(dtw_cost(rms_distance(ref_mfcc, syn_mfcc)), len(syn_mfcc))
-        self.scores["msd"].update(dtw_cost(rms_distance(ref_mel, syn_mel)), len(syn_mfcc))
+        """Adds one utterance: reference and synthesised waveforms [samples]."""
+        reference_features, synthesised_features = self.features(reference), self.features(synthesised)
+        for name, ref, syn in zip(("mcd", "msd"), reference_features, synthesised_features):
+            self.add_features(name, ref.cpu().numpy(), syn.cpu().numpy())
+
+    def add_features(self, name: str, reference: np.ndarray, synthesised: np.ndarray) -> None:
+        """Adds one utterance's features, reference [m, D] and synthesised [n, D], to the
+        score `name` ("mcd" or "msd"): its DTW cost over the reference's m frames."""
+        self.scores[name].update(dtw_cost(rms_distance(reference, synthesised)), len(reference))
 
     def compute(self) -> dict[str, float]:
         """ValueError when no utterance was added on any process."""

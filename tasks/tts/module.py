@@ -10,12 +10,13 @@ Test: `test_loss` as in training; then each utterance is synthesised autoregress
 (`lavo_tasks.generation.generate_frames` over the model's decode state; the encoder runs
 once) until the stop probability reaches `decode.stop_threshold` or `decode.max_frames`.
 Synthesised and reference mels both go through the same Griffin-Lim vocoder, and
-`test_mcd` / `test_msd` are fairseq's eval_sp distortions between the two (metrics.py).
+`test_mcd` / `test_msd` are fairseq's eval_sp distortions between the two (metrics.py),
+per reference frame.
 The baseline is the mean training frame repeated for the reference's length, vocoded the
 same way (`test_baseline_mcd`, `test_baseline_msd`). `test_length_ratio` is the mean of
 synthesised / reference frames. Artifacts: the first test utterances' wavs (synthesised
 and vocoded reference), their mels, stop probabilities and, for a softmax
-cross-attention, its weights.
+cross-attention, its weights; each picture titled with the attention and the test figures.
 
 The test metrics are torchmetrics sums, added up over the processes, so a test on
 several devices scores the whole split; the artifacts come from the first process's
@@ -37,6 +38,7 @@ from ...config import site_attention
 from ...generation import generate_frames
 from ...metrics import Mean, SumRatio
 from ...module import TaskModule
+from ...plots import attention_label, format_metrics, set_suptitle
 from .alignment import guided_attention_loss, recorded_cross_weights
 from .audio import GriffinLim, MelConfig, write_wav
 from .metrics import CorpusDistortion
@@ -174,23 +176,32 @@ class TTSModule(TaskModule):
         for name, value in figures.items():
             self.log(name, value)
         if self.trainer.is_global_zero:
-            self.write_artifacts()
+            self.write_artifacts(figures)
 
     # --- artifacts
 
-    def write_artifacts(self) -> None:
+    def picture_title(self, figures: dict[str, float]) -> str:
+        """The title every picture of the test carries: the attention and the test figures."""
+        return (f"tts, attention {attention_label(self.cfg)}\n"
+                f"{format_metrics(figures, ('test_mcd', 'test_msd', 'test_length_ratio'))}\n"
+                f"baseline: {format_metrics(figures, ('test_baseline_mcd', 'test_baseline_msd'))}")
+
+    def write_artifacts(self, figures: dict[str, float]) -> None:
+        """The first test utterances' wavs, and their pictures titled with `figures` (the test metrics)."""
         folder = self.artifacts_dir / "wavs"
         folder.mkdir(exist_ok=True)
         rate = self.mel_config.sample_rate
         for n, ex in enumerate(self.examples):
             write_wav(folder / f"test{ex['index']:03d}_synthesised.wav", ex["synthesised_audio"], rate)
             write_wav(folder / f"test{ex['index']:03d}_reference_vocoded.wav", ex["reference_audio"], rate)
-        self.plot_mels()
-        self.plot_stop()
-        self.plot_cross_attention()
+        title = self.picture_title(figures)
+        self.plot_mels(title)
+        self.plot_stop(title)
+        self.plot_cross_attention(title)
 
-    def plot_mels(self) -> None:
-        fig = Figure(figsize=(10, 2.6 * len(self.examples)))
+    def plot_mels(self, title: str) -> None:
+        fig = Figure(figsize=(10, 0.7 + 2.6 * len(self.examples)))
+        set_suptitle(fig, title)
         axes = fig.subplots(len(self.examples), 2, squeeze=False)
         for row, ex in zip(axes, self.examples):
             for ax, key in zip(row, ("reference", "synthesised")):
@@ -202,8 +213,9 @@ class TTSModule(TaskModule):
         fig.tight_layout()
         fig.savefig(self.artifacts_dir / "mels.png", dpi=90)
 
-    def plot_stop(self) -> None:
-        fig = Figure(figsize=(7, 3))
+    def plot_stop(self, title: str) -> None:
+        fig = Figure(figsize=(7, 3.8))
+        set_suptitle(fig, title)
         ax = fig.subplots()
         for ex in self.examples:
             ax.plot(ex["stop_probs"].numpy(), label=f"test {ex['index']}")
@@ -215,13 +227,14 @@ class TTSModule(TaskModule):
         fig.savefig(self.artifacts_dir / "stop.png", dpi=90)
 
     @torch.no_grad()
-    def plot_cross_attention(self) -> None:
+    def plot_cross_attention(self, title: str) -> None:
         """The last decoder layer's cross-attention weights (mean over heads) under
         teacher forcing, when that block is `softmax` (the other blocks never form the
         weights)."""
         if not isinstance(self.model.decoder.layers[-1].cross_attn, SoftmaxAttention):
             return
-        fig = Figure(figsize=(5 * len(self.examples), 3.5))
+        fig = Figure(figsize=(max(5 * len(self.examples), 8), 4.4))
+        set_suptitle(fig, title)
         axes = fig.subplots(1, len(self.examples), squeeze=False)[0]
         for ax, ex in zip(axes, self.examples):
             tokens, mel = ex["tokens"][None].to(self.device), ex["mel"][None].to(self.device)

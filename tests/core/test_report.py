@@ -56,8 +56,58 @@ def test_table_groups_by_config_and_averages_seeds(tmp_path, capsys):
     assert len(mixed) == 1 and "encoder softmax" in mixed[0]["attention"]
     assert "2 configuration group(s)" in text
     assert "| softmax(alibi=False) | 2 ± 1.4 |" in text
-    assert "test_last_value_mse 0.5" in text  # baselines under the table, not a column
+    assert "| baseline | test_mse ↓ |\n|---|---|\n| last_value | 0.5 |" in text  # baselines apart, not a column
     assert (tmp_path / "out" / "report-1.png").stat().st_size > 0 and (tmp_path / "out" / "report-2.png").is_file()
+
+
+PCC_CATEGORIES = ("02691156", "03001627")
+
+
+def pcc_metrics(cd_l1: float) -> dict:
+    """A pcc run's metrics.json: headline, per category, and the partial cloud's (the baseline)."""
+    metrics = {"test_cd_l1": cd_l1, "test_cd_l2": cd_l1 / 30, "test_fscore": 0.5}
+    for n, category in enumerate(PCC_CATEGORIES):
+        metrics |= {f"test_cd_l1_{category}": cd_l1 + n, f"test_cd_l2_{category}": 0.2, f"test_fscore_{category}": 0.5}
+        metrics |= {f"test_partial_cd_l1_{category}": 12.0 + n, f"test_partial_cd_l2_{category}": 0.6,
+                    f"test_partial_fscore_{category}": 0.3}
+    return metrics | {"test_partial_cd_l1": 12.5, "test_partial_cd_l2": 0.6, "test_partial_fscore": 0.3}
+
+
+def test_a_column_per_headline_metric_breakdowns_and_baselines_apart(tmp_path):
+    for attention, cd_l1 in (("softmax", 7.0), ("gsa", 7.5)):
+        make_run(tmp_path, attention, ["task=pcc", f"attention={attention}"], pcc_metrics(cd_l1))
+    text = report.write_report([tmp_path], tmp_path / "out")
+    header = next(line for line in text.splitlines() if line.startswith("| attention | test_cd_l1"))
+    assert header.split(" | ")[1:5] == ["test_cd_l1 ↓", "test_cd_l2 ↓", "test_fscore ↑", "n seeds"]
+    assert "| baseline | test_cd_l1 ↓ | test_cd_l2 ↓ | test_fscore ↑ |\n|---|---|---|---|\n| partial | 12.5 | 0.6 | 0.3 |" in text
+    assert ("test_cd_l1 ↓ by part (test_cd_l1_<part>):\n\n| attention | 02691156 | 03001627 |\n|---|---|---|\n"
+            "| gsa(slots=64, tau=8.0) | 7.5 | 8.5 |\n| softmax(alibi=False) | 7 | 8 |\n"
+            "| partial (baseline) | 12 | 13 |") in text
+    row = read_csv(tmp_path / "out" / "report.csv")[0]
+    assert row["attention"].startswith("gsa") and float(row["test_cd_l1_03001627_mean"]) == 8.5 and float(row["test_partial_cd_l1_mean"]) == 12.5
+
+
+def test_better_directions():
+    assert [report.better(n) for n in ("test_mse", "test_cd_l1", "test_ppl", "test_decode_acc", "test_fscore",
+                                       "test_rougeL", "test_length_ratio", "test_generated_len")] == \
+        ["lower", "lower", "lower", "higher", "higher", "higher", "", ""]
+
+
+def test_plot_starts_near_the_data_draws_baselines_and_says_which_way_is_better(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: figures.append(fig))
+    for attention, mse in (("softmax", 0.0737), ("lavo", 0.0719), ("gsa", 0.0700)):
+        make_run(tmp_path, attention, ["task=tsf", f"attention={attention}"],
+                 {"test_mse": mse, "test_length_ratio": 1.0, "test_last_value_mse": 0.0693, "test_linear_mse": 0.056})
+    report.write_report([tmp_path], tmp_path / "out")
+    mse_panel, ratio_panel = (ax for ax in figures[0].axes if ax.get_visible())
+    low, high = mse_panel.get_ylim()
+    assert 0 < low < 0.056 and 0.0737 < high < 0.1  # near the data and the baselines, not from 0
+    assert mse_panel.get_title() == f"test_mse (lower is better)\ny axis from {low:.4g}, not 0"
+    flat_lines = {line.get_ydata()[0] for line in mse_panel.get_lines() if len(set(line.get_ydata())) == 1}
+    assert {0.0693, 0.056} <= flat_lines
+    assert {t.get_text() for t in mse_panel.texts} >= {"last_value 0.0693", "linear 0.056", "0.07", "0.0737"}
+    assert ratio_panel.get_title().startswith("test_length_ratio\n")  # no better direction
 
 
 def test_failed_and_damaged_runs_are_listed(tmp_path):
@@ -129,3 +179,29 @@ def test_cab_dataset_from_preset_and_path():
     assert cab_dataset("tsf", "default", "/data/ETTh1.csv") is None
     assert cab_dataset("lm", "cab", "") is None  # the embedded default data is not CAB's
     assert cab_dataset("lm", "cab", "/data/pg19") == "lm"
+
+
+@pytest.mark.parametrize("cross_causal", [False, True], ids=["NC-default", "CC"])
+def test_index_files_summarization_under_the_cross_pattern_it_ran(tmp_path, cross_causal):
+    # tsf (NS, CS, NC) beside summarization (NS, CS, and NC by default, CC with cross_causal=true).
+    # tsf mse = mae 1, 2, 3 (lower is better): z +r, 0, -r for softmax, lavo, gsa.
+    # summarization ROUGE 14, 10, 12 (higher is better): z +r, -r, 0.
+    r = math.sqrt(1.5)
+    extra = ["model.cross_causal=true"] if cross_causal else []
+    for attention, value, rouge in (("softmax", 1.0, 14.0), ("lavo", 2.0, 10.0), ("gsa", 3.0, 12.0)):
+        make_run(tmp_path, f"tsf-{attention}", ["task=tsf", f"attention={attention}"],
+                 {"test_mse": value, "test_mae": value})
+        make_run(tmp_path, f"sum-{attention}", ["task=summarization", f"attention={attention}", *extra],
+                 {"test_rouge1": rouge, "test_rouge2": rouge, "test_rougeL": rouge})
+    report.write_report([tmp_path], tmp_path / "out")
+    got = {(row["pattern"], row["attention"]): (float(row["index"]), int(row["n_tasks"]))
+           for row in read_csv(tmp_path / "out" / "compositional_index.csv")}
+    tsf = {"softmax": r, "lavo": 0.0, "gsa": -r}
+    summarization = {"softmax": r, "lavo": -r, "gsa": 0.0}
+    for attention in tsf:
+        if cross_causal:  # NC: tsf alone; CC: summarization alone
+            assert got[("NC", attention)] == (pytest.approx(tsf[attention]), 1)
+            assert got[("CC", attention)] == (pytest.approx(summarization[attention]), 1)
+        else:  # NC: both tasks; no CC run
+            assert got[("NC", attention)] == (pytest.approx((tsf[attention] + summarization[attention]) / 2), 2)
+            assert ("CC", attention) not in got

@@ -172,7 +172,8 @@ def test_config_errors_before_any_work(tmp_path):
     ]:
         with pytest.raises(ConfigError, match=message):
             tiny_cfg(tmp_path, f"{key}={value}")
-    with pytest.raises(ConfigError, match=r"attention 'local' does not support causal cross-attention"):
+    # the default's cross site is NC (model.cross_causal=false)
+    with pytest.raises(ConfigError, match=r"attention 'local' does not support noncausal cross-attention \(NC\)"):
         tiny_cfg(tmp_path, "attention=local")
 
 

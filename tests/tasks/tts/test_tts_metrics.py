@@ -100,7 +100,7 @@ def test_equal_lengths_are_symmetric():
         assert forward.compute()[key] == pytest.approx(backward.compute()[key], rel=1e-9)
 
 
-def test_corpus_score_is_total_cost_over_synthesised_frames():
+def test_corpus_score_is_total_cost_over_reference_frames():
     pairs = [(noise(0.2, 3), noise(0.35, 4)), (noise(0.4, 5), noise(0.1, 6))]
     features = DistortionFeatures(RATE)
     costs, frames = 0.0, 0
@@ -108,7 +108,7 @@ def test_corpus_score_is_total_cost_over_synthesised_frames():
         (ref_mfcc, _), (syn_mfcc, _) = features(ref), features(syn)
         distance = torch.cdist(ref_mfcc.double(), syn_mfcc.double()) / np.sqrt(13)  # sqrt(||x - y||^2 / D)
         costs += every_path_cost(distance.numpy()) if distance.numel() <= 12 else dtw_cost(distance.numpy())
-        frames += len(syn_mfcc)
+        frames += len(ref_mfcc)
     scores = CorpusDistortion(RATE)
     for ref, syn in pairs:
         scores.update(ref, syn)
@@ -119,3 +119,34 @@ def test_corpus_score_is_total_cost_over_synthesised_frames():
         one.update(ref, syn)
         per_utterance.append(one.compute()["mcd"])
     assert scores.compute()["mcd"] != pytest.approx(np.mean(per_utterance))  # not a mean of utterance scores
+
+
+def test_score_by_hand_is_per_reference_frame():
+    # D = 1, so the frame distance is |x - y|: every cell of [[1, 1, 1], [1, 1, 1]] is 1, and
+    # the cheapest path (0,0) -> (1,1) -> (1,2) visits 3 cells: cost 3 over 2 reference frames.
+    scores = CorpusDistortion(RATE)
+    scores.add_features("mcd", np.array([[0.0], [2.0]]), np.array([[1.0], [1.0], [1.0]]))
+    assert float(scores.scores["mcd"].compute()) == 1.5
+
+
+def test_a_never_stopping_output_scores_worse_than_the_stopping_one():
+    reference = noise(0.5, 7)
+    stopping = noise(0.5, 8)  # as long as the reference
+    never_stopping = torch.cat([stopping, noise(2.0, 9)])  # the same frames, then more up to a cap
+    scores = {}
+    for name, synthesised in (("stopping", stopping), ("never", never_stopping)):
+        metric = CorpusDistortion(RATE)
+        metric.update(reference, synthesised)
+        scores[name] = metric.compute()
+    for key in ("mcd", "msd"):
+        assert scores["never"][key] > 1.5 * scores["stopping"][key]
+
+    # The case tells the normalisations apart: per synthesised frame, the longer output
+    # would have scored better.
+    features = DistortionFeatures(RATE)
+    ref_mfcc = features(reference)[0].double().numpy()
+    per_synthesised_frame = {}
+    for name, synthesised in (("stopping", stopping), ("never", never_stopping)):
+        syn_mfcc = features(synthesised)[0].double().numpy()
+        per_synthesised_frame[name] = dtw_cost(rms_distance(ref_mfcc, syn_mfcc)) / len(syn_mfcc)
+    assert per_synthesised_frame["never"] < per_synthesised_frame["stopping"]
