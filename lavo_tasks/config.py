@@ -42,6 +42,11 @@ DEFAULT_ATTENTION = "softmax"
 SELECTORS = ("task", "attention")
 # Keys a resumed run may change: the saved configuration is otherwise what built the checkpoint.
 RESUMABLE_PREFIXES = ("trainer.", "run.")
+# Keys `evaluate` may change: how the test runs, not the model a checkpoint holds.
+TEST_KEYS = ("data.path", "data.batch_size", "data.num_workers", "trainer.limit_test_batches",
+             "trainer.precision", "trainer.accelerator", "trainer.devices", "trainer.strategy",
+             "trainer.enable_progress_bar")
+TEST_PREFIXES = ("decode.", "generate.")
 
 _INT = re.compile(r"[+-]?\d+")
 
@@ -136,7 +141,7 @@ def _fresh_config(selectors: dict[str, str], overrides: list[tuple[str, str]]) -
         if key.startswith("attention."):
             _set_every_site(cfg, task.sites, chosen or DEFAULT_ATTENTION, key, raw)
         else:
-            _set(cfg, key, raw, task.sites)
+            set_key(cfg, key, raw, task.sites)
     return cfg
 
 
@@ -230,8 +235,33 @@ def _saved_config(run_dir: str, selectors: dict[str, str], overrides: list[tuple
     for key, raw in overrides:
         if not key.startswith(RESUMABLE_PREFIXES):
             raise ConfigError(f"{key}: a resumed run keeps its configuration; only trainer.* and run.* keys may change")
-        _set(cfg, key, raw)
+        set_key(cfg, key, raw)
     return cfg
+
+
+def compose_evaluation(args: list[str]) -> tuple[DictConfig, str, dict]:
+    """The configuration of `evaluate` from its arguments `run.dir=<run> [ckpt=...]
+    [key=value ...]`: the run's saved config.yaml with the test-time keys changed.
+    Returns (cfg, ckpt, {changed key: its new value})."""
+    selectors, overrides = split_args(args)
+    if selectors:
+        name = next(iter(selectors))
+        raise ConfigError(f"{name}={selectors[name]!r}: evaluate keeps the run's {name}")
+    given = dict(overrides)
+    run_dir = given.pop("run.dir", "")
+    ckpt = given.pop("ckpt", "last")
+    for key in given:
+        if key not in TEST_KEYS and not key.startswith(TEST_PREFIXES):
+            raise ConfigError(f"{key}: evaluate keeps the run's model and training keys; it may change "
+                              f"{', '.join(TEST_KEYS)}, {', '.join(p + '*' for p in TEST_PREFIXES)}")
+    cfg = load_run_config(run_dir, "evaluate")
+    OmegaConf.set_struct(cfg, True)
+    cfg.run.dir = run_dir  # the folder as given now, wherever the run was trained
+    for key, raw in given.items():
+        set_key(cfg, key, raw)
+    if given.get("data.path"):  # absolute, as compose saves it
+        cfg.data.path = str(Path(cfg.data.path).expanduser().absolute())
+    return cfg, ckpt, {key: OmegaConf.select(cfg, key) for key in given}
 
 
 def _all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
@@ -259,8 +289,11 @@ def _check_known(cfg: DictConfig, key: str, where: str = "") -> None:
     raise ConfigError(f"unknown key {key!r}{source}{hint}")
 
 
-def _set(cfg: DictConfig, key: str, raw: str, sites=()) -> None:
-    """Set `key` (which must exist) to `raw` converted to the type of its current value."""
+def set_key(cfg: DictConfig, key: str, raw: str, sites=()) -> None:
+    """Set `key` (which must exist) to `raw`, the command line's text, converted to the
+    type of its current value; ConfigError naming the key when it does not exist or the
+    text does not parse. `sites`: the task's attention sites, so that `model.<site>.KEY`
+    is checked against the site's attention."""
     parts = key.split(".")
     if parts[0] == "model" and len(parts) > 1 and parts[1] in sites:
         _check_site_key(cfg, parts[1], key, raw)

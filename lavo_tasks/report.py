@@ -8,7 +8,7 @@ never averaged together: each such group gets its own table, headed by the keys 
 it apart. Rows are attentions (one entry per site where the sites differ); columns are the
 test metrics as mean ± std over seeds (sample std; "—" for one seed), the number of seeds,
 wall time, peak memory and parameter count (metrics.meta.json's `resources`, see
-lavo_tasks.runner). The task's model-free baselines go under the table. A run whose
+lavo_tasks.run.commands). The task's model-free baselines go under the table. A run whose
 metrics.json is missing or damaged is counted as failed, and listed with the reason.
 
 Written to --out (default: DIR when one is given, else ./report): report.md, report.csv,
@@ -382,7 +382,7 @@ def run(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .runner import run_cli
+    from .run.cli import run_cli
 
     return run_cli(run, sys.argv[1:] if argv is None else argv, usage)
 

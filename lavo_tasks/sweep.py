@@ -18,7 +18,7 @@ Each point runs as a child process (`python -m lavo_tasks.train ...`): a crash, 
 error or a leak in one point cannot take the sweep or the next point with it, and each
 starts from a clean interpreter (seeds, Lightning's global state); the cost is the start-up
 of torch, a few seconds per point. SIGINT or SIGTERM to the sweep is passed on to the running
-point (which writes last.ckpt, see lavo_tasks.runner) and the sweep stops after it.
+point (which writes last.ckpt, see lavo_tasks.run.commands) and the sweep stops after it.
 
 `--sbatch` writes `sweep.sbatch`, a SLURM job array of one task per point (each runs this
 command with `--point=$SLURM_ARRAY_TASK_ID`: one point, skipped if finished, resumed if
@@ -39,9 +39,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .config import compose, read_yaml, validate
-from .errors import ConfigError
+from .errors import ConfigError, Interrupted
 from .files import write_atomically
-from .runner import Interrupted
 
 SWEEP_FILE = "sweep.json"
 ERROR_FILE = "error.txt"

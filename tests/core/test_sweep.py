@@ -16,7 +16,8 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lavo_tasks import train
 from lavo_tasks.config import compose
 from lavo_tasks.errors import ConfigError
-from lavo_tasks.runner import build_trainer
+from lavo_tasks.run import RunDir
+from lavo_tasks.run.trainer import build_trainer
 from lavo_tasks.sweep import expand, split_values
 
 TINY = ["task=tsf", "model.d_model=16", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1",
@@ -81,7 +82,7 @@ def test_one_run_over_several_nodes_composes_under_slurm(tmp_path, monkeypatch):
     try:
         cfg = compose(["task=tsf", "trainer.num_nodes=2", "trainer.devices=2", "trainer.accelerator=cpu",
                        "trainer.strategy=ddp", f"run.dir={tmp_path}"])
-        trainer = build_trainer(cfg, tmp_path, fitting=False)
+        trainer = build_trainer(cfg, RunDir(tmp_path), fitting=False)
         assert (trainer.num_nodes, trainer.world_size, trainer.global_rank, trainer.local_rank) == (2, 4, 3, 1)
         assert type(trainer.strategy.cluster_environment).__name__ == "SLURMEnvironment"
     finally:
