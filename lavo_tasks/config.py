@@ -31,7 +31,9 @@ import difflib
 import re
 from importlib import resources
 from pathlib import Path
+from typing import get_args
 
+from lightning.fabric.connector import _PRECISION_INPUT
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import tasks
@@ -49,6 +51,7 @@ TEST_KEYS = ("data.path", "data.batch_size", "data.num_workers", "trainer.limit_
 TEST_PREFIXES = ("decode.", "generate.")
 
 _INT = re.compile(r"[+-]?\d+")
+_DURATION = re.compile(r"\d+:\d+:\d+:\d+")  # lightning.Trainer's max_time, DD:HH:MM:SS
 
 
 def read_yaml(relative_path: str) -> DictConfig:
@@ -414,6 +417,31 @@ def _check_basics(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={value}: must be {allowed}")
     if cfg.run.resume not in ("", "last") and not Path(cfg.run.resume).is_file():
         raise ConfigError(f"run.resume={cfg.run.resume!r}: expected last or the path of a checkpoint file")
+    _check_trainer(cfg.trainer)
+
+
+def _precisions() -> list[str]:
+    """The values of trainer.precision: auto, and every one lightning.Trainer accepts."""
+    return ["auto", *(str(value) for group in get_args(_PRECISION_INPUT) for value in get_args(group))]
+
+
+def _check_trainer(trainer: DictConfig) -> None:
+    """The `trainer.*` keys whose bad values Lightning would reject only once the trainer
+    is built, or not at all (a test of no batch writes an empty metrics.json)."""
+    for name, meaning in (("limit_val_batches", "batches per validation"),
+                          ("limit_test_batches", "batches of the test")):
+        value = trainer[name]
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if not (whole and value >= 1 or isinstance(value, float) and 0 < value <= 1):
+            raise ConfigError(f"trainer.{name}={value!r}: must be an integer >= 1 ({meaning}) "
+                              "or a fraction in (0, 1] of the split")
+    precisions = _precisions()
+    if str(trainer.precision) not in precisions:
+        raise ConfigError(f"trainer.precision={trainer.precision!r}: allowed: {', '.join(precisions)}")
+    max_time = trainer.max_time
+    if max_time is not None and not (isinstance(max_time, str) and _DURATION.fullmatch(max_time)):
+        raise ConfigError(f"trainer.max_time={max_time!r}: expected null (no limit) or a duration DD:HH:MM:SS, "
+                          "e.g. 00:02:30:00 for two and a half hours")
 
 
 def check_rules(cfg: DictConfig, rules) -> None:
