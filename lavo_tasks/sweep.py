@@ -148,9 +148,13 @@ def record_sweep(argv: list[str], points: list[Point], sweep_dir: Path) -> None:
         if old.get("argv") != record["argv"]:
             raise ConfigError(f"run.dir={str(sweep_dir)!r}: holds a sweep of other arguments "
                               f"({shlex.join(old.get('argv', []))}); choose another run.dir")
-    sweep_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(record, indent=1) + "\n"
-    write_atomically(path, lambda f: f.write(text.encode()))
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda f: f.write(text.encode()))
+    except OSError as err:
+        raise ConfigError(f"run.dir={str(sweep_dir)!r}: cannot write there ({err.strerror}); "
+                          "choose a folder you can write to") from None
 
 
 def point_command(point: Point, point_dir: Path) -> list[str]:

@@ -56,6 +56,14 @@ def test_a_bad_value_fails_before_any_run(tmp_path, capsys):
     assert not sweep.exists()
 
 
+def test_an_unwritable_sweep_folder_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder\n")
+    sweep = tmp_path / "file" / "sweep"
+    assert train.main(["--multirun", "task=tsf", "seed=0,1", f"run.dir={sweep}"]) == 2
+    assert capsys.readouterr().err == (f"error: run.dir={str(sweep)!r}: cannot write there (Not a directory); "
+                                       "choose a folder you can write to\n")
+
+
 def test_sbatch_array_and_its_point_commands_compose(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     assert train.main(["--multirun", "task=tsf", "attention=softmax,gsa", "seed=0,1,2", f"run.dir={sweep}",
