@@ -4,9 +4,11 @@ one line on stderr and an exit code, for these and the other commands (report, b
 
 Exit codes: 0 done; 1 some sweep points failed, or training diverged; 2 bad input
 (ConfigError: the message names the key or file); 128 + the signal's number when a
-signal stopped the command (last.ckpt written when it came during a training step).
+signal stopped the command (last.ckpt written when it came during a training step), or
+stdout was closed early (SIGPIPE's number).
 """
 
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -73,4 +75,7 @@ def run_cli(body: Callable[[list[str]], object], argv: list[str], usage: Callabl
     except KeyboardInterrupt:
         print("stopped: SIGINT outside a training step, so no checkpoint was written now", file=sys.stderr)
         return 128 + signal.SIGINT
+    except BrokenPipeError:  # the reader of stdout went away (`--help | head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush is quiet too
+        return 128 + signal.SIGPIPE
     return 0

@@ -6,6 +6,9 @@ the unwritable run.dir is tried on the tasks where it was reported (tsf, lm, sum
 """
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,3 +143,13 @@ def test_the_accepted_trainer_values_still_pass(tiny_task):
                  ["trainer.limit_test_batches=0.5", "trainer.limit_val_batches=1"]):
         validate(compose(["task=tiny", *args]))
 
+
+
+def test_help_into_a_closed_pipe_is_no_traceback():
+    """`--help | head -1`, with the reader gone before the first write, so every write fails."""
+    command = [sys.executable, "-m", "lavo_tasks.train", "task=lm", "--help"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        child.stdout.close()
+        err = child.stderr.read().decode()
+        code = child.wait()
+    assert (code, err) == (128 + signal.SIGPIPE, "")
