@@ -36,7 +36,7 @@ from . import tasks
 from .attention import ATTENTION_NAMES, block_class
 from .config import compose, split_args, validate
 from .errors import ConfigError
-from .runner import run_cli
+from .run.cli import run_cli
 from .stacks import Decoder, Encoder
 
 WARMUP_STEPS = 3

@@ -31,7 +31,9 @@ import difflib
 import re
 from importlib import resources
 from pathlib import Path
+from typing import get_args
 
+from lightning.fabric.connector import _PRECISION_INPUT
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import tasks
@@ -42,8 +44,14 @@ DEFAULT_ATTENTION = "softmax"
 SELECTORS = ("task", "attention")
 # Keys a resumed run may change: the saved configuration is otherwise what built the checkpoint.
 RESUMABLE_PREFIXES = ("trainer.", "run.")
+# Keys `evaluate` may change: how the test runs, not the model a checkpoint holds.
+TEST_KEYS = ("data.path", "data.batch_size", "data.num_workers", "trainer.limit_test_batches",
+             "trainer.precision", "trainer.accelerator", "trainer.devices", "trainer.strategy",
+             "trainer.enable_progress_bar")
+TEST_PREFIXES = ("decode.", "generate.")
 
 _INT = re.compile(r"[+-]?\d+")
+_DURATION = re.compile(r"\d+:\d+:\d+:\d+")  # lightning.Trainer's max_time, DD:HH:MM:SS
 
 
 def read_yaml(relative_path: str) -> DictConfig:
@@ -136,7 +144,7 @@ def _fresh_config(selectors: dict[str, str], overrides: list[tuple[str, str]]) -
         if key.startswith("attention."):
             _set_every_site(cfg, task.sites, chosen or DEFAULT_ATTENTION, key, raw)
         else:
-            _set(cfg, key, raw, task.sites)
+            set_key(cfg, key, raw, task.sites)
     return cfg
 
 
@@ -230,8 +238,33 @@ def _saved_config(run_dir: str, selectors: dict[str, str], overrides: list[tuple
     for key, raw in overrides:
         if not key.startswith(RESUMABLE_PREFIXES):
             raise ConfigError(f"{key}: a resumed run keeps its configuration; only trainer.* and run.* keys may change")
-        _set(cfg, key, raw)
+        set_key(cfg, key, raw)
     return cfg
+
+
+def compose_evaluation(args: list[str]) -> tuple[DictConfig, str, dict]:
+    """The configuration of `evaluate` from its arguments `run.dir=<run> [ckpt=...]
+    [key=value ...]`: the run's saved config.yaml with the test-time keys changed.
+    Returns (cfg, ckpt, {changed key: its new value})."""
+    selectors, overrides = split_args(args)
+    if selectors:
+        name = next(iter(selectors))
+        raise ConfigError(f"{name}={selectors[name]!r}: evaluate keeps the run's {name}")
+    given = dict(overrides)
+    run_dir = given.pop("run.dir", "")
+    ckpt = given.pop("ckpt", "last")
+    for key in given:
+        if key not in TEST_KEYS and not key.startswith(TEST_PREFIXES):
+            raise ConfigError(f"{key}: evaluate keeps the run's model and training keys; it may change "
+                              f"{', '.join(TEST_KEYS)}, {', '.join(p + '*' for p in TEST_PREFIXES)}")
+    cfg = load_run_config(run_dir, "evaluate")
+    OmegaConf.set_struct(cfg, True)
+    cfg.run.dir = run_dir  # the folder as given now, wherever the run was trained
+    for key, raw in given.items():
+        set_key(cfg, key, raw)
+    if given.get("data.path"):  # absolute, as compose saves it
+        cfg.data.path = str(Path(cfg.data.path).expanduser().absolute())
+    return cfg, ckpt, {key: OmegaConf.select(cfg, key) for key in given}
 
 
 def _all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
@@ -259,8 +292,11 @@ def _check_known(cfg: DictConfig, key: str, where: str = "") -> None:
     raise ConfigError(f"unknown key {key!r}{source}{hint}")
 
 
-def _set(cfg: DictConfig, key: str, raw: str, sites=()) -> None:
-    """Set `key` (which must exist) to `raw` converted to the type of its current value."""
+def set_key(cfg: DictConfig, key: str, raw: str, sites=()) -> None:
+    """Set `key` (which must exist) to `raw`, the command line's text, converted to the
+    type of its current value; ConfigError naming the key when it does not exist or the
+    text does not parse. `sites`: the task's attention sites, so that `model.<site>.KEY`
+    is checked against the site's attention."""
     parts = key.split(".")
     if parts[0] == "model" and len(parts) > 1 and parts[1] in sites:
         _check_site_key(cfg, parts[1], key, raw)
@@ -381,6 +417,31 @@ def _check_basics(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={value}: must be {allowed}")
     if cfg.run.resume not in ("", "last") and not Path(cfg.run.resume).is_file():
         raise ConfigError(f"run.resume={cfg.run.resume!r}: expected last or the path of a checkpoint file")
+    _check_trainer(cfg.trainer)
+
+
+def _precisions() -> list[str]:
+    """The values of trainer.precision: auto, and every one lightning.Trainer accepts."""
+    return ["auto", *(str(value) for group in get_args(_PRECISION_INPUT) for value in get_args(group))]
+
+
+def _check_trainer(trainer: DictConfig) -> None:
+    """The `trainer.*` keys whose bad values Lightning would reject only once the trainer
+    is built, or not at all (a test of no batch writes an empty metrics.json)."""
+    for name, meaning in (("limit_val_batches", "batches per validation"),
+                          ("limit_test_batches", "batches of the test")):
+        value = trainer[name]
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if not (whole and value >= 1 or isinstance(value, float) and 0 < value <= 1):
+            raise ConfigError(f"trainer.{name}={value!r}: must be an integer >= 1 ({meaning}) "
+                              "or a fraction in (0, 1] of the split")
+    precisions = _precisions()
+    if str(trainer.precision) not in precisions:
+        raise ConfigError(f"trainer.precision={trainer.precision!r}: allowed: {', '.join(precisions)}")
+    max_time = trainer.max_time
+    if max_time is not None and not (isinstance(max_time, str) and _DURATION.fullmatch(max_time)):
+        raise ConfigError(f"trainer.max_time={max_time!r}: expected null (no limit) or a duration DD:HH:MM:SS, "
+                          "e.g. 00:02:30:00 for two and a half hours")
 
 
 def check_rules(cfg: DictConfig, rules) -> None:

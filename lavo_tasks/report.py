@@ -8,7 +8,7 @@ never averaged together: each such group gets its own table, headed by the keys 
 it apart. Rows are attentions (one entry per site where the sites differ); columns are the
 model's headline test metrics, marked ↓ (lower is better) or ↑, as mean ± std over seeds
 (sample std; "—" for one seed), the number of seeds, wall time, peak memory and parameter
-count (metrics.meta.json's `resources`, see lavo_tasks.runner). A metric
+count (metrics.meta.json's `resources`, see lavo_tasks.run.commands). A metric
 `<metric>_<part>` (pcc's per category, lm's per test length) is a breakdown: it gets a
 table of its own. The task's model-free baselines (`Task.baselines`, and their
 breakdowns) go in a table under it, a row per baseline in the columns of the metric each
@@ -514,7 +514,7 @@ def run(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .runner import run_cli
+    from .run.cli import run_cli
 
     return run_cli(run, sys.argv[1:] if argv is None else argv, usage)
 

@@ -18,7 +18,7 @@ Each point runs as a child process (`python -m lavo_tasks.train ...`): a crash, 
 error or a leak in one point cannot take the sweep or the next point with it, and each
 starts from a clean interpreter (seeds, Lightning's global state); the cost is the start-up
 of torch, a few seconds per point. SIGINT or SIGTERM to the sweep is passed on to the running
-point (which writes last.ckpt, see lavo_tasks.runner) and the sweep stops after it.
+point (which writes last.ckpt, see lavo_tasks.run.commands) and the sweep stops after it.
 
 `--sbatch` writes `sweep.sbatch`, a SLURM job array of one task per point (each runs this
 command with `--point=$SLURM_ARRAY_TASK_ID`: one point, skipped if finished, resumed if
@@ -39,9 +39,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .config import compose, read_yaml, validate
-from .errors import ConfigError
+from .errors import ConfigError, Interrupted
 from .files import write_atomically
-from .runner import Interrupted
 
 SWEEP_FILE = "sweep.json"
 ERROR_FILE = "error.txt"
@@ -149,9 +148,13 @@ def record_sweep(argv: list[str], points: list[Point], sweep_dir: Path) -> None:
         if old.get("argv") != record["argv"]:
             raise ConfigError(f"run.dir={str(sweep_dir)!r}: holds a sweep of other arguments "
                               f"({shlex.join(old.get('argv', []))}); choose another run.dir")
-    sweep_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(record, indent=1) + "\n"
-    write_atomically(path, lambda f: f.write(text.encode()))
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda f: f.write(text.encode()))
+    except OSError as err:
+        raise ConfigError(f"run.dir={str(sweep_dir)!r}: cannot write there ({err.strerror}); "
+                          "choose a folder you can write to") from None
 
 
 def point_command(point: Point, point_dir: Path) -> list[str]:

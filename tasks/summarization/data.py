@@ -113,7 +113,7 @@ def read_jsonl(file: Path, key: str, side: str) -> Iterator[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+            raise DataError(f"{where}: not valid JSON ({err.msg.removesuffix(' at')} at column {err.colno})") from None
         if not isinstance(record, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
         if key not in record:

@@ -27,7 +27,8 @@ from test_train_cli import (TINY_YAML, TRAIN_LOADER_STARTS, TinyModule, read_jso
                             tiny_task, train_until_crash)
 
 import lavo_tasks.config
-import lavo_tasks.runner
+import lavo_tasks.run.commands
+import lavo_tasks.run.trainer
 from lavo_tasks import evaluate, train
 from lavo_tasks.files import write_atomically
 from lavo_tasks.module import TaskModule
@@ -52,7 +53,7 @@ class SignalAt(L.Callback):
 
 
 def main_with_signal(monkeypatch, args, step, signum=signal.SIGINT) -> int:
-    build = lavo_tasks.runner.build_trainer
+    build = lavo_tasks.run.commands.build_trainer
 
     def signalling_trainer(cfg, run_dir, *, fitting):
         trainer = build(cfg, run_dir, fitting=fitting)
@@ -60,7 +61,7 @@ def main_with_signal(monkeypatch, args, step, signum=signal.SIGINT) -> int:
         return trainer
 
     with monkeypatch.context() as patch:
-        patch.setattr(lavo_tasks.runner, "build_trainer", signalling_trainer)
+        patch.setattr(lavo_tasks.run.commands, "build_trainer", signalling_trainer)
         return train.main(args)
 
 
@@ -375,7 +376,7 @@ def test_more_cpu_processes_than_cores(tiny_task, tmp_path, capsys):
                                       f"run.dir={tmp_path / 'run'}"])
     assert message == (f"trainer.devices={cores + 1}: {cores + 1} CPU processes, but this machine has {cores} cores; "
                        f"use trainer.devices={cores} or fewer")
-    assert lavo_tasks.runner.cpu_processes("auto", 4) == 1 and lavo_tasks.runner.cpu_processes("-1", 4) == 4
+    assert lavo_tasks.run.trainer.cpu_processes("auto", 4) == 1 and lavo_tasks.run.trainer.cpu_processes("-1", 4) == 4
     assert not (tmp_path / "run").exists()
 
 

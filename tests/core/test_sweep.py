@@ -16,7 +16,8 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lavo_tasks import train
 from lavo_tasks.config import compose
 from lavo_tasks.errors import ConfigError
-from lavo_tasks.runner import build_trainer
+from lavo_tasks.run import RunDir
+from lavo_tasks.run.trainer import build_trainer
 from lavo_tasks.sweep import expand, split_values
 
 TINY = ["task=tsf", "model.d_model=16", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1",
@@ -55,6 +56,14 @@ def test_a_bad_value_fails_before_any_run(tmp_path, capsys):
     assert not sweep.exists()
 
 
+def test_an_unwritable_sweep_folder_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder\n")
+    sweep = tmp_path / "file" / "sweep"
+    assert train.main(["--multirun", "task=tsf", "seed=0,1", f"run.dir={sweep}"]) == 2
+    assert capsys.readouterr().err == (f"error: run.dir={str(sweep)!r}: cannot write there (Not a directory); "
+                                       "choose a folder you can write to\n")
+
+
 def test_sbatch_array_and_its_point_commands_compose(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     assert train.main(["--multirun", "task=tsf", "attention=softmax,gsa", "seed=0,1,2", f"run.dir={sweep}",
@@ -81,7 +90,7 @@ def test_one_run_over_several_nodes_composes_under_slurm(tmp_path, monkeypatch):
     try:
         cfg = compose(["task=tsf", "trainer.num_nodes=2", "trainer.devices=2", "trainer.accelerator=cpu",
                        "trainer.strategy=ddp", f"run.dir={tmp_path}"])
-        trainer = build_trainer(cfg, tmp_path, fitting=False)
+        trainer = build_trainer(cfg, RunDir(tmp_path), fitting=False)
         assert (trainer.num_nodes, trainer.world_size, trainer.global_rank, trainer.local_rank) == (2, 4, 3, 1)
         assert type(trainer.strategy.cluster_environment).__name__ == "SLURMEnvironment"
     finally:

@@ -138,6 +138,7 @@ def test_bad_multi_news_files(tmp_path, splits, message):
 
 @pytest.mark.parametrize("line, message", [
     ('{"document": "a", "summary": "b"', r"train.jsonl: line 2: not valid JSON \(Expecting ',' delimiter at column 33\)"),
+    ('{"document": "a", "summary": "b', r"train.jsonl: line 2: not valid JSON \(Unterminated string starting at column 30\)"),
     ('{"document": "a"}', r"train.jsonl: line 2: no key 'summary' \(data.target_key\); the object has: document"),
     ('{"summary": "b"}', r"train.jsonl: line 2: no key 'document' \(data.source_key\)"),
     ('["a", "b"]', r"train.jsonl: line 2: expected a JSON object, got list"),

@@ -15,7 +15,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import lavo_tasks.runner
+import lavo_tasks.run.commands
 from lavo_tasks import evaluate, train
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.tsf.data import TSFDataModule
@@ -208,7 +208,7 @@ def test_resume_repeats_an_uninterrupted_run(tmp_path, monkeypatch):
             "trainer.limit_test_batches=2", "trainer.enable_progress_bar=false", "data.batch_size=8"]
     expected = train.run([*args, f"run.dir={tmp_path / 'straight'}"])
 
-    build = lavo_tasks.runner.build_trainer
+    build = lavo_tasks.run.commands.build_trainer
 
     def crashing_trainer(cfg, run_dir, *, fitting):
         trainer = build(cfg, run_dir, fitting=fitting)
@@ -216,7 +216,7 @@ def test_resume_repeats_an_uninterrupted_run(tmp_path, monkeypatch):
         return trainer
 
     with monkeypatch.context() as patch:
-        patch.setattr(lavo_tasks.runner, "build_trainer", crashing_trainer)
+        patch.setattr(lavo_tasks.run.commands, "build_trainer", crashing_trainer)
         with pytest.raises(RuntimeError, match="simulated crash"):
             train.run([*args, f"run.dir={tmp_path / 'crashed'}"])
     resumed = train.run([f"run.dir={tmp_path / 'crashed'}", "run.resume=last"])
