@@ -1,0 +1,93 @@
+"""`torch.compile(block, fullgraph=True)` of every attention block in every pattern it
+supports, and `torch.library.opcheck` of the custom operators around the Triton passes
+(kernels/lavo/op.py, kernels/gsa/op.py).
+
+On the CPU the `lavo` and `gsa` blocks run with backend="triton" (the kernels under
+Triton's interpreter, conftest.py), so the compiled graph holds the custom operators;
+softmax and local are plain tensor ops. The compiled forward and backward (Dynamo and
+AOTAutograd, backend "aot_eager": the same graphs Inductor would get, run eagerly) must
+equal the eager ones: the outputs and the gradients of the input, the context and
+every parameter. A graph break raises under fullgraph=True.
+"""
+
+import pytest
+import torch
+import torch._dynamo
+
+from attention_cases import D_MODEL, make_block, padding_mask, supported
+from lavo_tasks.kernels.gsa.op import gsa_causal_fwd, silu_rms_norm_fwd
+from lavo_tasks.kernels.lavo.op import lavo_chunk_fwd
+
+KERNEL_BACKEND = {"lavo": {"backend": "triton"}, "gsa": {"backend": "triton"}}
+
+
+def run_block(block, x, context, mask, context_mask):
+    """Forward + backward of one call -> [y, dx, dcontext or None, d every parameter]."""
+    x = x.clone().requires_grad_()
+    context = None if context is None else context.clone().requires_grad_()
+    y, _ = block(x, context=context, mask=mask, context_mask=context_mask)
+    y.backward(torch.linspace(-1, 1, y.numel()).view(y.shape))
+    grads = [x.grad, None if context is None else context.grad] + [p.grad.clone() for p in block.parameters()]
+    block.zero_grad(set_to_none=True)
+    return [y.detach()] + grads
+
+
+@pytest.mark.parametrize("name, pattern", supported({"CS", "NS", "CC", "NC"}))
+def test_fullgraph_compile_equals_eager(name, pattern):
+    torch._dynamo.reset()
+    block = make_block(name, pattern, **KERNEL_BACKEND.get(name, {}))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 12, D_MODEL, generator=g)
+    cross = pattern[1] == "C"
+    context = torch.randn(3, 10, D_MODEL, generator=g) if cross else None
+    mask, context_mask = padding_mask(12), (padding_mask(10) if cross else None)
+    eager = run_block(block, x, context, mask, context_mask)
+    compiled = run_block(torch.compile(block, fullgraph=True, backend="aot_eager"), x, context, mask, context_mask)
+    assert len(eager) == len(compiled) > 3
+    for i, (want, got) in enumerate(zip(eager, compiled)):
+        if want is None:
+            assert got is None, i
+            continue
+        assert want.abs().max() > 0, f"tensor {i}: all zeros in eager mode, the comparison tests nothing"
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"tensor {i}: {m}")
+
+
+def _lavo_args(causal, cross, kv_mask, with_rel_bias=True):
+    g = torch.Generator().manual_seed(2)
+    batch, n, m, heads, dim, rank, window = 2, 20, 18 if cross else 20, 2, 16, 4, 4
+    q = torch.randn(batch, n, heads, dim, generator=g, requires_grad=True)
+    k, v = (torch.randn(batch, m, heads, dim, generator=g, requires_grad=True) for _ in range(2))
+    basis = torch.linalg.qr(torch.randn(heads, dim, rank, generator=g))[0].transpose(1, 2).contiguous()
+    rel_bias = torch.randn(heads, window if causal else window + 1, generator=g) if with_rel_bias else None
+    mem_bias = torch.randn(heads, generator=g)
+    mask = padding_mask(m)[:batch] if kv_mask else None
+    params = [x.requires_grad_() for x in (basis, rel_bias, mem_bias) if x is not None]
+    assert params
+    return (q, k, v, basis, rel_bias, mem_bias, mask, None, window, causal, cross, 1, dim**-0.5, 16)
+
+
+@pytest.mark.parametrize("causal, cross, kv_mask, with_rel_bias", [
+    (True, False, False, True), (False, False, True, True), (True, True, True, True), (False, True, False, False),
+])
+def test_opcheck_lavo(causal, cross, kv_mask, with_rel_bias):
+    torch.library.opcheck(lavo_chunk_fwd, _lavo_args(causal, cross, kv_mask, with_rel_bias),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@pytest.mark.parametrize("final_state, initial_state", [(False, False), (True, True)])
+def test_opcheck_gsa(final_state, initial_state):
+    g = torch.Generator().manual_seed(3)
+    tokens, heads, dim, slots, lengths = 40, 2, 16, 16, [24, 16]
+    q, k, v = (torch.randn(tokens, heads, dim, generator=g, requires_grad=True) for _ in range(3))
+    log_alpha = (-torch.rand(tokens, heads, slots, generator=g)).requires_grad_()
+    h0 = [torch.randn(len(lengths), heads, slots, dim, generator=g, requires_grad=True) for _ in range(2)]
+    args = (q, k, v, log_alpha, *(h0 if initial_state else (None, None)), dim**-0.5, lengths, final_state)
+    torch.library.opcheck(gsa_causal_fwd, args,
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_opcheck_output_norm():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 5, 2, 16, generator=g, requires_grad=True)
+    weight = torch.randn(16, generator=g, requires_grad=True)
+    torch.library.opcheck(silu_rms_norm_fwd, (x, weight, 1e-6))
