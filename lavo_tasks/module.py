@@ -5,7 +5,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .data import step_seed
 from .errors import Diverged
@@ -45,6 +45,15 @@ class TaskModule(L.LightningModule):
         if self._evaluating():  # Lightning's log_dict passes its own sync_dist=False on to log
             kwargs.setdefault("sync_dist", True)
         super().log_dict(dictionary, *args, **kwargs)
+
+    def configure_model(self) -> None:
+        """Compile the task's model (`self.model`) with torch.compile when the config's
+        `trainer.compile` is a mode (COMPILE_MODES); the generation paths
+        (`self.model.step`, `generate`, ...) stay eager."""
+        mode = OmegaConf.select(self.cfg, "trainer.compile", default="off")
+        if mode not in (False, "off") and not getattr(self, "_compiled", False):
+            compile_model(self.model, mode)
+            self._compiled = True
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         # Dropout and any other randomness in a step depend on (seed, step) only, so a
@@ -129,6 +138,18 @@ class TaskModule(L.LightningModule):
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
+
+
+def compile_model(model: torch.nn.Module, mode: str) -> None:
+    """torch.compile `model`'s forward in place (`mode` one of COMPILE_MODES but "off").
+    The attention ops are custom operators (lavo_tasks.kernels), so the whole forward is
+    one graph; "reduce-overhead" also captures it in CUDA graphs, one per input shape."""
+    if mode not in COMPILE_MODES[1:]:
+        raise ValueError(f"compile mode {mode!r}: allowed {', '.join(COMPILE_MODES)}")
+    model.compile(mode=None if mode == "default" else mode)
 
 
 class _NormCheck:

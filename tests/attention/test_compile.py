@@ -2,9 +2,9 @@
 supports, and `torch.library.opcheck` of the custom operators around the Triton passes
 (kernels/lavo/op.py, kernels/gsa/op.py).
 
-On the CPU the `lavo` and `gsa` blocks run with backend="triton" (the kernels under
-Triton's interpreter, conftest.py), so the compiled graph holds the custom operators;
-softmax and local are plain tensor ops. The compiled forward and backward (Dynamo and
+Every block and pattern compiles on the PyTorch path (plain tensor ops); `lavo` and `gsa`
+also with backend="triton" (the kernels under Triton's interpreter, conftest.py), where
+the compiled graph holds the custom operators. The compiled forward and backward (Dynamo and
 AOTAutograd, backend "aot_eager": the same graphs Inductor would get, run eagerly) must
 equal the eager ones: the outputs and the gradients of the input, the context and
 every parameter. A graph break raises under fullgraph=True.
@@ -18,7 +18,13 @@ from attention_cases import D_MODEL, make_block, padding_mask, supported
 from lavo_tasks.kernels.gsa.op import gsa_causal_fwd, silu_rms_norm_fwd
 from lavo_tasks.kernels.lavo.op import lavo_chunk_fwd
 
-KERNEL_BACKEND = {"lavo": {"backend": "triton"}, "gsa": {"backend": "triton"}}
+# The Triton path under the interpreter takes up to a minute a case: the patterns that use
+# the most of each op (LAVO: the window tables causal, the segment tables noncausal;
+# GSA: the scan with a final state read, the reversed scan of NS) run there, the rest on
+# the PyTorch path (every block and pattern).
+ON_KERNELS = [pytest.param(name, pattern, "triton", marks=pytest.mark.slow)
+              for name, pattern in (("lavo", "CS"), ("lavo", "NC"), ("gsa", "CC"), ("gsa", "NS"))]
+CASES = [(name, pattern, "auto") for name, pattern in supported({"CS", "NS", "CC", "NC"})] + ON_KERNELS
 
 
 def run_block(block, x, context, mask, context_mask):
@@ -27,15 +33,15 @@ def run_block(block, x, context, mask, context_mask):
     context = None if context is None else context.clone().requires_grad_()
     y, _ = block(x, context=context, mask=mask, context_mask=context_mask)
     y.backward(torch.linspace(-1, 1, y.numel()).view(y.shape))
-    grads = [x.grad, None if context is None else context.grad] + [p.grad.clone() for p in block.parameters()]
+    grads = [x.grad, None if context is None else context.grad] + [None if p.grad is None else p.grad.clone() for p in block.parameters()]
     block.zero_grad(set_to_none=True)
     return [y.detach()] + grads
 
 
-@pytest.mark.parametrize("name, pattern", supported({"CS", "NS", "CC", "NC"}))
-def test_fullgraph_compile_equals_eager(name, pattern):
+@pytest.mark.parametrize("name, pattern, backend", CASES)
+def test_fullgraph_compile_equals_eager(name, pattern, backend):
     torch._dynamo.reset()
-    block = make_block(name, pattern, **KERNEL_BACKEND.get(name, {}))
+    block = make_block(name, pattern, **({"backend": backend} if name in ("lavo", "gsa") else {}))
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, 12, D_MODEL, generator=g)
     cross = pattern[1] == "C"
@@ -44,12 +50,14 @@ def test_fullgraph_compile_equals_eager(name, pattern):
     eager = run_block(block, x, context, mask, context_mask)
     compiled = run_block(torch.compile(block, fullgraph=True, backend="aot_eager"), x, context, mask, context_mask)
     assert len(eager) == len(compiled) > 3
+    nonzero = 0
     for i, (want, got) in enumerate(zip(eager, compiled)):
-        if want is None:
-            assert got is None, i
+        if want is None or not want.any():  # no context (self-attention); NC's unused key projection
+            assert got is None or not got.any(), i
             continue
-        assert want.abs().max() > 0, f"tensor {i}: all zeros in eager mode, the comparison tests nothing"
+        nonzero += 1
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"tensor {i}: {m}")
+    assert nonzero >= len(eager) - 2, "the comparison would test next to nothing"
 
 
 def _lavo_args(causal, cross, kv_mask, with_rel_bias=True):
