@@ -1,6 +1,7 @@
 """The LightningModule base every task module extends: optimiser, schedule, run paths."""
 
 import math
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -53,6 +54,8 @@ class TaskModule(L.LightningModule):
         mode = OmegaConf.select(self.cfg, "trainer.compile", default="off")
         if mode not in (False, "off") and not getattr(self, "_compiled", False):
             compile_model(self.model, mode)
+            if mode == "reduce-overhead":
+                ShapeWatch(self.model, "trainer.compile=reduce-overhead")
             self._compiled = True
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
@@ -150,6 +153,26 @@ def compile_model(model: torch.nn.Module, mode: str) -> None:
     if mode not in COMPILE_MODES[1:]:
         raise ValueError(f"compile mode {mode!r}: allowed {', '.join(COMPILE_MODES)}")
     model.compile(mode=None if mode == "default" else mode)
+
+
+class ShapeWatch:
+    """Warns once when `model`'s tensor inputs change shape from one call to another:
+    under CUDA graphs (trainer.compile=reduce-overhead) every new shape is compiled and
+    recorded again, so a task whose batches vary in length recompiles at every step."""
+
+    def __init__(self, model: torch.nn.Module, setting: str):
+        self.setting, self.first, self.warned = setting, None, False
+        self.handle = model.register_forward_pre_hook(self._watch)
+
+    def _watch(self, module, args) -> None:
+        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+        if self.first is None:
+            self.first = shapes
+        elif shapes != self.first and not self.warned and module.training:
+            self.warned = True
+            warnings.warn(f"{self.setting}: the model's input shapes vary between steps ({self.first} then "
+                          f"{shapes}), and every new shape compiles and records CUDA graphs again; pad the "
+                          "batches to one length, or set trainer.compile=default", RuntimeWarning, stacklevel=2)
 
 
 class _NormCheck:

@@ -1,4 +1,5 @@
-"""The non-finite-gradient stop of lavo_tasks.module.TaskModule, checked a step late.
+"""lavo_tasks.module: the non-finite-gradient stop of TaskModule, checked a step late, and
+the warning about varying input shapes under trainer.compile=reduce-overhead.
 
 The norm's finiteness goes to the host without a sync, so the check of step k runs at
 step k + 1's clipping, or before a checkpoint save, a validation or the end of training,
@@ -60,3 +61,22 @@ def test_fp16_leaves_non_finite_steps_to_its_loss_scaler(tmp_path):
     clip_step(module, optimizer, 0, float("inf"))
     clip_step(module, optimizer, 1, 0.5)
     module.on_train_end()
+
+
+def test_varying_input_shapes_warn_once_under_cuda_graphs():
+    from lavo_tasks.module import ShapeWatch
+
+    model = torch.nn.Linear(4, 4)
+    ShapeWatch(model, "trainer.compile=reduce-overhead")
+    with pytest.warns(RuntimeWarning, match=r"^trainer.compile=reduce-overhead: the model's input shapes vary") as seen:
+        for length in (5, 5, 7, 9):
+            model(torch.ones(2, length, 4))
+    assert len([w for w in seen if "shapes vary" in str(w.message)]) == 1
+    steady = torch.nn.Linear(4, 4)
+    ShapeWatch(steady, "trainer.compile=reduce-overhead")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            steady(torch.ones(2, 5, 4))
