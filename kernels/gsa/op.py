@@ -23,7 +23,7 @@ def gsa_causal_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0k: Tensor | Non
                    lengths: list[int], output_final_state: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
                                                                           Tensor, Tensor, Tensor]:
     """-> (o, K~_T, V~_T, b, z, gsum, sk, sv): chunk.causal_forward's outputs."""
-    return causal_forward(q, k, v, g, h0k, h0v, scale, lengths, output_final_state)
+    return tuple(t.contiguous() for t in causal_forward(q, k, v, g, h0k, h0v, scale, lengths, output_final_state))
 
 
 @gsa_causal_fwd.register_fake
@@ -34,7 +34,7 @@ def _(q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
         hk, hv = (q.new_empty(len(lengths), heads, slots, d, dtype=_F32) for d in (dk, dv))
     else:
         hk, hv = q.new_empty(0, dtype=_F32), q.new_empty(0, dtype=_F32)
-    return (q.new_empty(n_tok, heads, dv), hk, hv, torch.empty_like(g), torch.empty_like(g),
+    return (q.new_empty(n_tok, heads, dv), hk, hv, _new(g), _new(g),
             q.new_empty(n_chunks, heads, slots, dtype=_F32), q.new_empty(n_chunks, heads, slots, dk, dtype=_F32),
             q.new_empty(n_chunks, heads, slots, dv, dtype=_F32))
 
@@ -49,7 +49,7 @@ def gsa_causal_bwd(do: Tensor, dhk: Tensor | None, dhv: Tensor | None, q: Tensor
                                                  lengths, has_h0)
     if not has_h0:
         dh0k, dh0v = q.new_empty(0, dtype=_F32), q.new_empty(0, dtype=_F32)
-    return dq, dk, dv, dg, dh0k, dh0v
+    return tuple(t.contiguous() for t in (dq, dk, dv, dg, dh0k, dh0v))
 
 
 @gsa_causal_bwd.register_fake
@@ -59,7 +59,13 @@ def _(do, dhk, dhv, q, k, v, g, b, z, gsum, sk, sv, hk, hv, scale, lengths, has_
         dh0k, dh0v = (q.new_empty(len(lengths), heads, slots, d, dtype=_F32) for d in (dk, dv))
     else:
         dh0k, dh0v = q.new_empty(0, dtype=_F32), q.new_empty(0, dtype=_F32)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g), dh0k, dh0v
+    return _new(q), _new(k), _new(v), _new(g), dh0k, dh0v
+
+
+def _new(x):
+    """An empty tensor like x, contiguous whatever x's strides: the ops' outputs always are,
+    and Inductor checks a fake's strides against the real output's."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 def _causal_setup(ctx, inputs, output):
@@ -93,24 +99,24 @@ def gsa_causal_op(q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
 @torch.library.custom_op("lavo_tasks::silu_rms_norm_fwd", mutates_args=())
 def silu_rms_norm_fwd(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """x [..., d] -> (y like x, rstd [rows] fp32, the per-row 1/rms the backward reads)."""
-    return silu_rms_norm_forward(x, weight, eps)
+    return tuple(t.contiguous() for t in silu_rms_norm_forward(x, weight, eps))
 
 
 @silu_rms_norm_fwd.register_fake
 def _(x, weight, eps):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.numel() // x.shape[-1],
+    return _new(x), x.new_empty(x.numel() // x.shape[-1],
                                                                                    dtype=_F32)
 
 
 @torch.library.custom_op("lavo_tasks::silu_rms_norm_bwd", mutates_args=())
 def silu_rms_norm_bwd(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
     """-> (dx like x, dweight like weight)."""
-    return silu_rms_norm_backward(dy, x, weight, rstd)
+    return tuple(t.contiguous() for t in silu_rms_norm_backward(dy, x, weight, rstd))
 
 
 @silu_rms_norm_bwd.register_fake
 def _(dy, x, weight, rstd):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
+    return _new(x), _new(weight)
 
 
 def _norm_setup(ctx, inputs, output):

@@ -74,7 +74,12 @@ def lavo_chunked(
         raise ValueError(f"chunk {chunk} in dkv query tiles of {rows} rows: at least {MIN_DOT} on a GPU")
     if q.shape[0] * q.shape[1] == 0:
         return torch.zeros_like(q)
-    k, v = k.to(q.dtype), v.to(q.dtype)  # the kernels read q, k, v as one dtype
+    # the kernels read q, k, v as one dtype; the ops take contiguous tensors (a strided
+    # view such as the learned basis, a transposed slice, would otherwise reach the
+    # backward op in whatever layout the compiler chose for it)
+    q, k, v = q.contiguous(), k.to(q.dtype).contiguous(), v.to(q.dtype).contiguous()
+    basis, mem_bias = basis.contiguous(), mem_bias.contiguous()
+    rel_bias = rel_bias.contiguous() if rel_bias is not None else None
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     from .op import lavo_chunk_op  # (op.py registers the custom operators around this module's passes)
 

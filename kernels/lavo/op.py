@@ -27,7 +27,7 @@ def lavo_chunk_fwd(q: Tensor, k: Tensor, v: Tensor, basis: Tensor, rel_bias: Ten
 @lavo_chunk_fwd.register_fake
 def _(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, scale, chunk):
     batch, n, heads, _ = q.shape
-    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(batch * n, heads,
+    return _new(q), q.new_empty(batch * n, heads,
                                                                                    dtype=torch.float32)
 
 
@@ -41,15 +41,22 @@ def lavo_chunk_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
     grads = lavo_chunk_backward(do, q, k, v, o, lse, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal,
                                 cross, segments, scale, chunk)
     dq, dk, dv, dbasis, drel, dmu = grads
-    return dq, dk, dv, dbasis, (drel if drel is not None else q.new_empty(0)), dmu
+    grads = dq, dk, dv, dbasis, (drel if drel is not None else q.new_empty(0)), dmu
+    return tuple(t.contiguous() for t in grads)
 
 
 @lavo_chunk_bwd.register_fake
 def _(do, q, k, v, o, lse, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, scale,
       chunk):
-    drel = torch.empty_like(rel_bias) if rel_bias is not None else q.new_empty(0)
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(basis), drel,
-            torch.empty_like(mem_bias))
+    drel = _new(rel_bias) if rel_bias is not None else q.new_empty(0)
+    return (_new(q), _new(k), _new(v), _new(basis), drel,
+            _new(mem_bias))
+
+
+def _new(x):
+    """An empty tensor like x, contiguous whatever x's strides: the ops' outputs always are,
+    and Inductor checks a fake's strides against the real output's."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 def _setup_context(ctx, inputs, output):
