@@ -1,6 +1,7 @@
 """Kernel benchmark: attention time and memory against sequence length, on one GPU.
 
     python -m lavo_tasks.bench [--out DIR] [--lengths 1024,2048,...] [--ops softmax,lavo,...]
+                               [--patterns CS,NS,CC,NC]
 
 The protocol is docs/design.md §4: bf16 inputs, 16 heads of dim 64, a fixed
 65,536 tokens per step (batch = 65536 / T), forward and forward+backward (sum of the
@@ -18,6 +19,13 @@ quick). Every attention runs in the same process, side by side:
 - gsa: `gsa_attn` (64 slots), the toolkit's kernels;
 - fla_gsa: flash-linear-attention's `chunk_gsa` (the peer implementation of GSA), only
   when that optional package is installed.
+
+`--patterns` (default CS) adds the other attention patterns: NS (noncausal
+self-attention, the same shapes; SDPA without the causal mask as the peer), and CC and NC
+(cross-attention of CROSS_TARGET = 512 target positions, batch CROSS_BATCH = 8, over
+sources of the `--lengths` from 1K to 16K; SDPA causal (query t sees source positions
+<= t, SDPA's top-left causal mask) and unmasked as the peers). `local` runs CS and NS,
+`fla_gsa` CS only.
 
 Writes DIR/bench.jsonl (one JSON object per measurement) and DIR/bench.png, and prints
 a Markdown table. Needs CUDA: timings on a CPU mean nothing.
@@ -41,36 +49,48 @@ LONG = 131072
 DECODE_CONTEXTS = (4096, 32768, 131072)
 DECODE_BATCH = 8
 ALL_OPS = ("softmax", "softmax_default", "local", "lavo", "gsa", "fla_gsa")
+PATTERNS = ("CS", "NS", "CC", "NC")
+OP_PATTERNS = {"local": ("CS", "NS"), "fla_gsa": ("CS",)}  # the others run all four
+CROSS_TARGET, CROSS_BATCH = 512, 8
+CROSS_SOURCES = (1024, 16384)  # the range of --lengths the cross patterns take as source lengths
 
 
 def _randn(*shape, device, grad=True):
     return torch.randn(*shape, device=device, dtype=torch.bfloat16).requires_grad_(grad)
 
 
-# Each builder takes (B, T, device) and returns (forward callable -> tensor, leaf tensors).
-def softmax_op(B, T, device, forced: bool = True):
+def _lengths(T, pattern):
+    """(query length, key length) of a pattern at length T: T over T in self-attention,
+    CROSS_TARGET over a source of T in cross-attention."""
+    return (CROSS_TARGET if pattern[1] == "C" else T), T
+
+
+# Each builder takes (B, T, device, pattern) and returns (forward callable -> tensor, leaf tensors).
+def softmax_op(B, T, device, pattern="CS", forced: bool = True):
     """forced: SDPA's FlashAttention backend; else the backend torch chooses."""
     from contextlib import nullcontext
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q, k, v = (_randn(B, HEADS, T, HEAD_DIM, device=device) for _ in range(3))
+    n, m = _lengths(T, pattern)
+    q = _randn(B, HEADS, n, HEAD_DIM, device=device)
+    k, v = (_randn(B, HEADS, m, HEAD_DIM, device=device) for _ in range(2))
 
     def fwd():
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if forced else nullcontext():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=pattern[0] == "C")
 
     return fwd, [q, k, v]
 
 
-def softmax_default_op(B, T, device):
-    return softmax_op(B, T, device, forced=False)
+def softmax_default_op(B, T, device, pattern="CS"):
+    return softmax_op(B, T, device, pattern, forced=False)
 
 
 _FLEX = {}
 
 
-def local_op(B, T, device):
+def local_op(B, T, device, pattern="CS"):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     if "fn" not in _FLEX:
@@ -80,6 +100,8 @@ def local_op(B, T, device):
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
 
     def sliding_window(b, h, q_idx, kv_idx):
+        if pattern == "NS":  # |t - j| <= window / 2, as the local block's noncausal window
+            return (q_idx - kv_idx <= WINDOW // 2) & (kv_idx - q_idx <= WINDOW // 2)
         return (q_idx >= kv_idx) & (q_idx - kv_idx < WINDOW)
 
     mask = create_block_mask(sliding_window, None, None, T, T, device=device, _compile=True)  # no dense T x T mask
@@ -92,15 +114,22 @@ def _orthonormal_basis(device):
     return basis.contiguous().to(torch.bfloat16).requires_grad_(True)
 
 
-def lavo_op(B, T, device):
+def lavo_op(B, T, device, pattern="CS"):
     from lavo_tasks.kernels import lavo_attn
 
-    q, k, v = (_randn(B, T, HEADS, HEAD_DIM, device=device) for _ in range(3))
+    n, m = _lengths(T, pattern)
+    causal, cross = pattern[0] == "C", pattern[1] == "C"
+    q = _randn(B, n, HEADS, HEAD_DIM, device=device)
+    k, v = (_randn(B, m, HEADS, HEAD_DIM, device=device) for _ in range(2))
     basis = _orthonormal_basis(device)
-    rel_bias = torch.zeros(HEADS, WINDOW, device=device, requires_grad=True)
     mem_bias = torch.zeros(HEADS, device=device, requires_grad=True)
-    fwd = lambda: lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=WINDOW, causal=True)  # noqa: E731
-    return fwd, [q, k, v, basis, rel_bias, mem_bias]
+    leaves = [q, k, v, basis, mem_bias]
+    rel_bias = None
+    if pattern != "NC":  # NC has no window
+        rel_bias = torch.zeros(HEADS, WINDOW + (0 if causal else 1), device=device, requires_grad=True)
+        leaves.append(rel_bias)
+    fwd = lambda: lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=WINDOW, causal=causal, cross=cross)  # noqa: E731
+    return fwd, leaves
 
 
 def _gates(B, T, device):
@@ -109,15 +138,18 @@ def _gates(B, T, device):
     return (F.logsigmoid(f) / 8).requires_grad_(True)
 
 
-def gsa_op(B, T, device):
+def gsa_op(B, T, device, pattern="CS"):
     from lavo_tasks.kernels import gsa_attn
 
-    q, k, v = (_randn(B, T, HEADS, HEAD_DIM, device=device) for _ in range(3))
-    log_alpha = _gates(B, T, device)
-    return (lambda: gsa_attn(q, k, v, log_alpha)[0]), [q, k, v, log_alpha]
+    n, m = _lengths(T, pattern)
+    q = _randn(B, n, HEADS, HEAD_DIM, device=device)
+    k, v = (_randn(B, m, HEADS, HEAD_DIM, device=device) for _ in range(2))
+    log_alpha = _gates(B, m, device)
+    options = dict(causal=pattern[0] == "C", cross=pattern[1] == "C")
+    return (lambda: gsa_attn(q, k, v, log_alpha, **options)[0]), [q, k, v, log_alpha]
 
 
-def fla_gsa_op(B, T, device):
+def fla_gsa_op(B, T, device, pattern="CS"):
     from fla.ops.gsa import chunk_gsa
 
     q, k, v = (_randn(B, T, HEADS, HEAD_DIM, device=device) for _ in range(3))
@@ -141,12 +173,12 @@ OPS: dict[str, Callable] = {
 }
 
 
-def measure(build: Callable, B: int, T: int, device) -> dict:
+def measure(build: Callable, B: int, T: int, device, pattern: str = "CS") -> dict:
     """Median fwd and fwd+bwd milliseconds and peak fwd+bwd memory of one op at (B, T)."""
     from triton.testing import do_bench
 
     torch.cuda.empty_cache()
-    fwd, leaves = build(B, T, device)
+    fwd, leaves = build(B, T, device, pattern)
 
     def fwd_bwd():
         fwd().float().sum().backward()
@@ -264,14 +296,19 @@ def run(args) -> list[dict]:
                 record({"kind": "decode", "op": name, "B": DECODE_BATCH, "T": context, **decode_latency(name, context, device)})
             except Exception as err:
                 record({"kind": "decode", "op": name, "B": DECODE_BATCH, "T": context, "error": f"{type(err).__name__}: {err}"[:300]})
-    shapes = [(TOKENS_PER_STEP // T, T) for T in args.lengths] + ([(1, LONG)] if args.long else [])
-    for B, T in shapes:
-        for name in ops:
-            try:
-                record({"kind": "kernel", "op": name, "B": B, "T": T, **measure(OPS[name], B, T, device)})
-            except Exception as err:  # an op that fails or runs out of memory is recorded, not fatal
-                record({"kind": "kernel", "op": name, "B": B, "T": T, "error": f"{type(err).__name__}: {err}"[:300]})
-                torch.cuda.empty_cache()
+    self_shapes = [(TOKENS_PER_STEP // T, T) for T in args.lengths] + ([(1, LONG)] if args.long else [])
+    cross_shapes = [(CROSS_BATCH, T) for T in args.lengths if CROSS_SOURCES[0] <= T <= CROSS_SOURCES[1]]
+    for pattern in args.patterns:
+        for B, T in cross_shapes if pattern[1] == "C" else self_shapes:
+            for name in [n for n in ops if pattern in OP_PATTERNS.get(n, PATTERNS)]:
+                where = {"kind": "kernel", "op": name, "pattern": pattern, "B": B, "T": T}
+                if pattern[1] == "C":
+                    where["target"] = CROSS_TARGET
+                try:
+                    record({**where, **measure(OPS[name], B, T, device, pattern)})
+                except Exception as err:  # an op that fails or runs out of memory is recorded, not fatal
+                    record({**where, "error": f"{type(err).__name__}: {err}"[:300]})
+                    torch.cuda.empty_cache()
     log.close()
     plot(rows, out / "bench.png")
     print(markdown_table(rows))
@@ -281,20 +318,22 @@ def run(args) -> list[dict]:
 def markdown_table(rows: list[dict]) -> str:
     kernel = [r for r in rows if r["kind"] == "kernel"]
     ops = list(dict.fromkeys(r["op"] for r in kernel))
-    shapes = list(dict.fromkeys((r["B"], r["T"]) for r in kernel))
-    cell = {(r["op"], r["B"], r["T"]): r for r in kernel}
+    shapes = list(dict.fromkeys((r.get("pattern", "CS"), r["B"], r["T"]) for r in kernel))
+    cell = {(r["op"], r.get("pattern", "CS"), r["B"], r["T"]): r for r in kernel}
 
     def fmt(r, key):
         return "error" if r is None or "error" in r else f"{r[key]:.2f}"
 
-    lines = ["| B x T | " + " | ".join(f"{op} fwd / fwd+bwd ms (peak MiB)" for op in ops) + " |",
+    lines = ["| pattern, B x T | " + " | ".join(f"{op} fwd / fwd+bwd ms (peak MiB)" for op in ops) + " |",
              "|---" * (len(ops) + 1) + "|"]
-    for B, T in shapes:
+    for pattern, B, T in shapes:
         cells = []
         for op in ops:
-            r = cell.get((op, B, T))
-            cells.append(f"{fmt(r, 'fwd_ms')} / {fmt(r, 'fwd_bwd_ms')} ({fmt(r, 'peak_mib')})")
-        lines.append(f"| {B} x {T} | " + " | ".join(cells) + " |")
+            r = cell.get((op, pattern, B, T))
+            cells.append("-" if r is None and pattern not in OP_PATTERNS.get(op, PATTERNS)
+                         else f"{fmt(r, 'fwd_ms')} / {fmt(r, 'fwd_bwd_ms')} ({fmt(r, 'peak_mib')})")
+        shape = f"{B} x {CROSS_TARGET} over {T}" if pattern[1] == "C" else f"{B} x {T}"
+        lines.append(f"| {pattern}, {shape} | " + " | ".join(cells) + " |")
     decode = [r for r in rows if r["kind"] == "decode"]
     if decode:
         lines += ["", "| decode, batch 8 | context | ms per token | state MiB | KV cache MiB |", "|---|---|---|---|---|"]
@@ -312,7 +351,8 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kernel = [r for r in rows if r["kind"] == "kernel" and "error" not in r and r["B"] * r["T"] == TOKENS_PER_STEP]
+    kernel = [r for r in rows if r["kind"] == "kernel" and "error" not in r and r["B"] * r["T"] == TOKENS_PER_STEP
+              and r.get("pattern", "CS") == "CS"]
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
     for op in dict.fromkeys(r["op"] for r in kernel):
         pts = sorted((r["T"], r["fwd_bwd_ms"], r["peak_mib"]) for r in kernel if r["op"] == op)
@@ -341,6 +381,7 @@ def parse_args(argv=None):
     p.add_argument("--no-long", dest="long", action="store_false", help="skip the B=1, T=128K run")
     p.add_argument("--decode", default=",".join(map(str, DECODE_CONTEXTS)),
                    help="comma-separated decode contexts ('' for none)")
+    p.add_argument("--patterns", default="CS", help=f"comma-separated subset of {','.join(PATTERNS)}")
     args = p.parse_args(argv)
     try:
         args.lengths = [int(x) for x in args.lengths.split(",") if x]
@@ -350,6 +391,9 @@ def parse_args(argv=None):
     for T in args.lengths:
         if T < 1 or TOKENS_PER_STEP % T or T & (T - 1):
             p.error(f"--lengths: {T} is not a power of two dividing {TOKENS_PER_STEP}")
+    args.patterns = [x for x in args.patterns.split(",") if x]
+    if not args.patterns or any(x not in PATTERNS for x in args.patterns):
+        p.error(f"--patterns: {','.join(args.patterns) or 'none'}; allowed {','.join(PATTERNS)}")
     args.ops = [x for x in args.ops.split(",") if x]
     unknown = [x for x in args.ops if x not in OPS]
     if unknown:

@@ -2,7 +2,8 @@
 each attention side by side in one process, on one GPU.
 
     python -m lavo_tasks.bench_e2e task=NAME [attentions=softmax,local,lavo,gsa] [steps=10]
-                                   [out=bench_out] [KEY=VALUE ...]
+                                   [compile=off|default|max-autotune|reduce-overhead]
+                                   [out=bench_out] [--profile] [KEY=VALUE ...]
 
 For each attention: the run's configuration (`task=NAME attention=A model.preset=cab`,
 the kernel benchmark's attention sizes: lavo window 128 rank 64, gsa 64 slots, then the
@@ -13,8 +14,15 @@ Module; one step = the Module's own `training_step` + backward + fused AdamW, un
 autocast on a GPU. After WARMUP_STEPS (compiles, autotuning), `steps` steps are timed
 between two device synchronisations. A row: samples/s (the batch's samples), tokens/s
 (the sequence positions the model's Encoder and Decoder stacks read per step, padding
-included: for an encoder-decoder both sequences), step ms, peak memory of a step (GiB,
-CUDA only) and the parameter count. A site whose pattern the attention cannot run
+included: for an encoder-decoder both sequences), step ms (wall), and on a GPU: the
+GPU's kernel time per step (gpu ms: the device time of every kernel and copy that
+torch.profiler records over PROFILED_STEPS more steps; wall / gpu near 1 means the GPU
+is busy the whole step, far above 1 that the host holds it back), the host syncs of
+one step (operations that wait for the GPU, counted by
+torch.cuda.set_sync_debug_mode("warn")), peak memory of a step (GiB), and the parameter
+count. `compile` compiles the task's model (`lavo_tasks.module.compile_model`, what
+`trainer.compile` does); `--profile` writes the top kernels of each attention's
+profiled steps to OUT/profile_<task>_<attention>.txt. A site whose pattern the attention cannot run
 (`local` at a cross-attention site) keeps softmax, and the row says so (`cross: softmax`). An attention
 that runs out of memory gets a row with its error.
 
@@ -36,6 +44,7 @@ from . import tasks
 from .attention import ATTENTION_NAMES, block_class
 from .config import compose, split_args, validate
 from .errors import ConfigError
+from .module import COMPILE_MODES, compile_model
 from .run.cli import run_cli
 from .stacks import Decoder, Encoder
 
@@ -43,7 +52,9 @@ WARMUP_STEPS = 3
 # the attention sizes of the kernel benchmark (the YAML defaults are sized for CPU runs)
 ATTENTION_OVERRIDES = {"lavo": ["attention.window=128", "attention.rank=64"], "gsa": ["attention.slots=64"]}
 CROSS_FALLBACK = "softmax"  # at a site whose pattern the attention cannot run (local at cross sites)
-ARGUMENTS = {"attentions": ",".join(ATTENTION_NAMES), "steps": "10", "out": "bench_out"}
+ARGUMENTS = {"attentions": ",".join(ATTENTION_NAMES), "steps": "10", "out": "bench_out", "compile": "off"}
+PROFILED_STEPS = 3
+TOP_KERNELS = 25  # rows of a --profile table
 
 
 def bench_config(task: str, attention: str, extra: list[str] = ()):
@@ -76,12 +87,16 @@ class TokenCount:
             handle.remove()
 
 
-def training_throughput(cfg, steps: int, device: torch.device) -> dict:
-    """Samples/s, tokens/s, step ms, peak GiB (CUDA) and loss of `steps` training steps of
-    the task's Module on the first batch of its DataModule, after WARMUP_STEPS."""
+def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str = "off",
+                        profile_path: Path | None = None) -> dict:
+    """Samples/s, tokens/s, step ms, GPU ms and host syncs per step, peak GiB (CUDA) and
+    loss of `steps` training steps of the task's Module on the first batch of its
+    DataModule, after WARMUP_STEPS; `profile_path`: where the top kernels go."""
     task = tasks.load_task(cfg.task)
     datamodule = task.DataModule(cfg)
     module = task.Module(cfg, datamodule.spec()).to(device)
+    if compile_mode != "off":
+        compile_model(module.model, compile_mode)
     batch = move_data_to_device(next(iter(datamodule.train_dataloader())), device)
     on_gpu = device.type == "cuda"
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=on_gpu)
@@ -112,32 +127,71 @@ def training_throughput(cfg, steps: int, device: torch.device) -> dict:
         if on_gpu:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-    counter.remove()
-    samples = extract_batch_size(batch)
-    row = {"batch": samples, "samples_per_s": steps * samples / seconds, "tokens_per_s": counter.tokens / seconds,
-           "tokens_per_step": counter.tokens // steps, "step_ms": seconds / steps * 1e3, "loss": loss,
-           "params": sum(p.numel() for p in module.parameters())}
-    if on_gpu:
-        row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        counter.remove()
+        samples = extract_batch_size(batch)
+        row = {"batch": samples, "samples_per_s": steps * samples / seconds, "tokens_per_s": counter.tokens / seconds,
+               "tokens_per_step": counter.tokens // steps, "step_ms": seconds / steps * 1e3, "loss": loss,
+               "params": sum(p.numel() for p in module.parameters())}
+        if on_gpu:
+            row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            row["syncs_per_step"] = host_syncs(step)
+            row["gpu_ms"] = gpu_ms_per_step(step, profile_path)
     return row
 
 
+def host_syncs(step) -> int:
+    """The operations of one call of `step` that synchronise the host with the GPU."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def gpu_ms_per_step(step, profile_path: Path | None) -> float:
+    """The device time of the kernels (and copies) of PROFILED_STEPS calls of `step`, per
+    call, from torch.profiler; `profile_path`: write the top TOP_KERNELS there."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED_STEPS):
+            step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA)
+    if profile_path is not None:
+        table = events.table(sort_by="self_device_time_total", row_limit=TOP_KERNELS)
+        profile_path.write_text(f"{PROFILED_STEPS} steps, GPU time per step {device_us / PROFILED_STEPS / 1e3:.2f} "
+                                f"ms\n{table}\n")
+    return device_us / PROFILED_STEPS / 1e3
+
+
 def markdown_table(task: str, rows: list[dict]) -> str:
-    lines = [f"| {task}: attention | samples/s | tokens/s | step ms | peak GiB | params |", "|---|---|---|---|---|---|"]
+    lines = [f"| {task}: attention | samples/s | tokens/s | step ms | gpu ms | wall / gpu | syncs / step "
+             "| peak GiB | params |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         name = r["attention"] + (f" (cross: {CROSS_FALLBACK})" if r.get("cross_fallback") else "")
         if "error" in r:
-            lines.append(f"| {name} | {r['error'][:60]} | | | | |")
+            lines.append(f"| {name} | {r['error'][:60]} | | | | | | | |")
             continue
         peak = f"{r['peak_gib']:.1f}" if "peak_gib" in r else "-"
-        lines.append(f"| {name} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.0f} | "
-                     f"{peak} | {r['params'] / 1e6:.1f}M |")
+        gpu = f"{r['gpu_ms']:.1f} | {r['step_ms'] / r['gpu_ms']:.2f}" if r.get("gpu_ms") else "- | -"
+        syncs = r.get("syncs_per_step", "-")
+        lines.append(f"| {name} | {r['samples_per_s']:.1f} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | "
+                     f"{gpu} | {syncs} | {peak} | {r['params'] / 1e6:.1f}M |")
     return "\n".join(lines)
 
 
 def bench(args: list[str], allow_cpu: bool = False) -> list[dict]:
     """Runs the benchmark for the command's arguments; returns its rows."""
-    selectors, overrides = split_args(args)
+    profile = "--profile" in args
+    selectors, overrides = split_args([a for a in args if a != "--profile"])
     task = selectors.pop("task", None)
     if task is None:
         raise ConfigError("bench_e2e: name the task, e.g. task=lm")
@@ -156,6 +210,8 @@ def bench(args: list[str], allow_cpu: bool = False) -> list[dict]:
         raise ConfigError(f"attentions={options['attentions']!r}: choose from {', '.join(ATTENTION_NAMES)}")
     if not options["steps"].isdigit() or int(options["steps"]) < 1:
         raise ConfigError(f"steps={options['steps']!r}: a whole number >= 1")
+    if options["compile"] not in COMPILE_MODES:
+        raise ConfigError(f"compile={options['compile']!r}: allowed {', '.join(COMPILE_MODES)}")
     if not torch.cuda.is_available() and not allow_cpu:
         raise ConfigError("bench_e2e needs a CUDA GPU (timings on a CPU mean nothing)")
     if not any(key == "run.dir" for key, _ in overrides):  # where the default data and caches go, once
@@ -167,13 +223,15 @@ def bench(args: list[str], allow_cpu: bool = False) -> list[dict]:
     out = Path(options["out"])
     out.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "task": task, "device": torch.cuda.get_device_name()
-            if device.type == "cuda" else "cpu", "torch": torch.__version__, "overrides": extra}
+            if device.type == "cuda" else "cpu", "torch": torch.__version__, "overrides": extra,
+            "compile": options["compile"]}
     rows = []
     with (out / f"bench_e2e_{task}.jsonl").open("w") as log:
         for name, (cfg, cross_fallback) in configs.items():
             row = {"attention": name, "cross_fallback": cross_fallback}
             try:
-                row |= training_throughput(cfg, int(options["steps"]), device)
+                profile_path = out / f"profile_{task}_{name}.txt" if profile else None
+                row |= training_throughput(cfg, int(options["steps"]), device, options["compile"], profile_path)
             except torch.OutOfMemoryError as err:  # recorded, not fatal
                 row["error"] = f"out of memory: {err}"[:200]
             if device.type == "cuda":

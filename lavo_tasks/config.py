@@ -29,16 +29,19 @@ are multi-line reports rather than this project's one line naming the key.
 
 import difflib
 import re
+import shutil
 from importlib import resources
 from pathlib import Path
 from typing import get_args
 
+import torch
 from lightning.fabric.connector import _PRECISION_INPUT
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import tasks
 from .attention import ATTENTION_NAMES, PATTERN_NAMES, block_class, check_attention_config
 from .errors import ConfigError
+from .module import COMPILE_MODES
 
 DEFAULT_ATTENTION = "softmax"
 SELECTORS = ("task", "attention")
@@ -435,6 +438,7 @@ def _check_trainer(trainer: DictConfig) -> None:
         if not (whole and value >= 1 or isinstance(value, float) and 0 < value <= 1):
             raise ConfigError(f"trainer.{name}={value!r}: must be an integer >= 1 ({meaning}) "
                               "or a fraction in (0, 1] of the split")
+    _check_compile(trainer)
     precisions = _precisions()
     if str(trainer.precision) not in precisions:
         raise ConfigError(f"trainer.precision={trainer.precision!r}: allowed: {', '.join(precisions)}")
@@ -442,6 +446,23 @@ def _check_trainer(trainer: DictConfig) -> None:
     if max_time is not None and not (isinstance(max_time, str) and _DURATION.fullmatch(max_time)):
         raise ConfigError(f"trainer.max_time={max_time!r}: expected null (no limit) or a duration DD:HH:MM:SS, "
                           "e.g. 00:02:30:00 for two and a half hours")
+
+
+def _check_compile(trainer: DictConfig) -> None:
+    """trainer.compile: a mode of COMPILE_MODES, and one this machine can run (Inductor needs
+    a C compiler on the CPU; reduce-overhead's CUDA graphs need a GPU)."""
+    mode = trainer.compile
+    if mode is False:  # YAML reads an unquoted off as false
+        mode = "off"
+    if mode not in COMPILE_MODES:
+        raise ConfigError(f"trainer.compile={mode!r}: allowed {', '.join(COMPILE_MODES)}")
+    on_gpu = trainer.accelerator != "cpu" and torch.cuda.is_available()
+    if mode == "reduce-overhead" and not on_gpu:
+        raise ConfigError("trainer.compile=reduce-overhead: captures CUDA graphs and needs a GPU; "
+                          "on the CPU use default, max-autotune or off")
+    if mode != "off" and not on_gpu and not (shutil.which("cc") or shutil.which("gcc")):
+        raise ConfigError(f"trainer.compile={mode}: compiling on the CPU needs a C compiler (cc), "
+                          "none is on PATH; set trainer.compile=off")
 
 
 def check_rules(cfg: DictConfig, rules) -> None:

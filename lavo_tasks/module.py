@@ -1,11 +1,12 @@
 """The LightningModule base every task module extends: optimiser, schedule, run paths."""
 
 import math
+import warnings
 from pathlib import Path
 
 import lightning as L
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .data import step_seed
 from .errors import Diverged
@@ -46,6 +47,17 @@ class TaskModule(L.LightningModule):
             kwargs.setdefault("sync_dist", True)
         super().log_dict(dictionary, *args, **kwargs)
 
+    def configure_model(self) -> None:
+        """Compile the task's model (`self.model`) with torch.compile when the config's
+        `trainer.compile` is a mode (COMPILE_MODES); the generation paths
+        (`self.model.step`, `generate`, ...) stay eager."""
+        mode = OmegaConf.select(self.cfg, "trainer.compile", default="off")
+        if mode not in (False, "off") and not getattr(self, "_compiled", False):
+            compile_model(self.model, mode)
+            if mode == "reduce-overhead":
+                ShapeWatch(self.model, "trainer.compile=reduce-overhead")
+            self._compiled = True
+
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         # Dropout and any other randomness in a step depend on (seed, step) only, so a
         # resumed run repeats an uninterrupted one exactly.
@@ -55,13 +67,17 @@ class TaskModule(L.LightningModule):
         self._step_loss = loss.detach()  # (the last micro-batch's, with accumulation) for Diverged's message
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clip (optim.grad_clip, passed to the Trainer) and stop on a non-finite gradient,
-        from one norm of the gradients.
+        """Clip (optim.grad_clip, passed to the Trainer) and watch for a non-finite
+        gradient, from one norm of the gradients.
 
-        A NaN or infinite gradient would make the weights NaN in the update about to be
-        applied: the run stops before it, so no checkpoint ever holds such weights. The
-        gradients are all-reduced by now, so with several processes every one stops at
-        the same step. fp16's loss scaler skips such steps itself. One host sync a step."""
+        Reading the norm on the host would synchronise the GPU every step, so whether it
+        is finite is copied to the host asynchronously and checked a step late (or when
+        the GPU gets there, see `_check_gradients`). A NaN gradient makes the weights NaN
+        in the update about to be applied, so the run stops with the step of that
+        gradient at the next check, and every checkpoint save and validation waits for
+        the pending checks first: no checkpoint ever holds NaN weights. The gradients
+        are all-reduced by now, so with several processes every one stops at the same
+        step. fp16's loss scaler skips such steps itself."""
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if not params:
             return
@@ -70,14 +86,39 @@ class TaskModule(L.LightningModule):
         else:  # no clipping, or trainer.gradient_clip_algorithm=value
             super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
             norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        if norm.isfinite() or str(self.trainer.precision).startswith("16"):
+        if str(self.trainer.precision).startswith("16"):
             return
-        step = self.global_step + 1  # the update this would have been, counted as the logs count steps
+        self._check_gradients(wait=False)  # the earlier steps' (a step late)
+        pending = getattr(self, "_pending_norms", [])
+        pending.append(_NormCheck(norm, self.global_step + 1, self._step_loss))
+        self._pending_norms = pending
+
+    def _check_gradients(self, wait: bool) -> None:
+        """Raise Diverged for the first pending step whose gradient norm was not finite;
+        without `wait`, only the steps whose norm has reached the host (the earlier steps
+        on a CPU), so that no call waits for the GPU."""
+        pending = getattr(self, "_pending_norms", [])
+        while pending and (wait or pending[0].ready()):
+            check = pending.pop(0)
+            if not check.finite():
+                pending.clear()
+                self._diverged(check.step, check.loss)
+
+    def _diverged(self, step: int, loss: torch.Tensor) -> None:
         best = Path(self.cfg.run.dir) / "checkpoints" / "best.ckpt"
         kept = f"; {best} holds the weights of the best validation before it" if best.is_file() else ""
-        raise Diverged(f"the gradients are not finite at step {step} (train_loss {float(self._step_loss)} on this "
+        raise Diverged(f"the gradients are not finite at step {step} (train_loss {float(loss)} on this "
                        f"process); start a new run.dir with a lower optim.lr or optim.grad_clip above 0, or resume "
                        f"with trainer.precision=32-true{kept}")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self._check_gradients(wait=True)  # never save the weights of a non-finite update
+
+    def on_validation_start(self) -> None:
+        self._check_gradients(wait=True)
+
+    def on_train_end(self) -> None:
+        self._check_gradients(wait=True)  # the last steps' checks
 
     def configure_optimizers(self):
         opt = self.cfg.optim
@@ -100,3 +141,61 @@ class TaskModule(L.LightningModule):
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
+
+
+def compile_model(model: torch.nn.Module, mode: str) -> None:
+    """torch.compile `model`'s forward in place (`mode` one of COMPILE_MODES but "off").
+    The attention ops are custom operators (lavo_tasks.kernels), so the whole forward is
+    one graph; "reduce-overhead" also captures it in CUDA graphs, one per input shape."""
+    if mode not in COMPILE_MODES[1:]:
+        raise ValueError(f"compile mode {mode!r}: allowed {', '.join(COMPILE_MODES)}")
+    model.compile(mode=None if mode == "default" else mode)
+
+
+class ShapeWatch:
+    """Warns once when `model`'s tensor inputs change shape from one call to another:
+    under CUDA graphs (trainer.compile=reduce-overhead) every new shape is compiled and
+    recorded again, so a task whose batches vary in length recompiles at every step."""
+
+    def __init__(self, model: torch.nn.Module, setting: str):
+        self.setting, self.first, self.warned = setting, None, False
+        self.handle = model.register_forward_pre_hook(self._watch)
+
+    def _watch(self, module, args) -> None:
+        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+        if self.first is None:
+            self.first = shapes
+        elif shapes != self.first and not self.warned and module.training:
+            self.warned = True
+            warnings.warn(f"{self.setting}: the model's input shapes vary between steps ({self.first} then "
+                          f"{shapes}), and every new shape compiles and records CUDA graphs again; pad the "
+                          "batches to one length, or set trainer.compile=default", RuntimeWarning, stacklevel=2)
+
+
+class _NormCheck:
+    """One step's gradient norm on its way to the host: whether it is finite, copied
+    without blocking (CUDA: into pinned memory, with an event marking the copy's end),
+    and the step's number and loss for the message."""
+
+    def __init__(self, norm: torch.Tensor, step: int, loss: torch.Tensor):
+        self.step, self.loss = step, loss
+        finite = torch.isfinite(norm)
+        if finite.is_cuda:
+            self._host = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self._host.copy_(finite, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host, self._event = finite, None
+
+    def ready(self) -> bool:
+        """Whether `finite` can be read without waiting for the device."""
+        return self._event is None or self._event.query()
+
+    def finite(self) -> bool:
+        if self._event is not None:
+            self._event.synchronize()
+        return bool(self._host)

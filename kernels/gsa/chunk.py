@@ -141,108 +141,104 @@ class _Config:
         self.prec = dict(PREC_S="ieee" if exact else PREC_SLOTS, PREC_V="ieee" if exact else PREC_VALUES)
 
 
-class _CausalGSA(torch.autograd.Function):
+def causal_forward(q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
     """CS over packed sequences. q, k [N,H,dk]; v [N,H,dv]; g [N,H,M] fp32 (log alpha);
-    h0k [NS,H,M,dk], h0v [NS,H,M,dv] fp32 or None. Returns (o [N,H,dv], K~_T, V~_T)."""
+    h0k [NS,H,M,dk], h0v [NS,H,M,dv] fp32 or None; lengths: the NS sequences' lengths.
+    Returns (o [N,H,dv], K~_T, V~_T (empty [0] without output_final_state), and what the
+    backward reads: b, z [N,H,M], gsum [chunks,H,M], sk, sv [chunks,H,M,d], all fp32)."""
+    n_tok, heads, dk = q.shape
+    dv, slots = v.shape[-1], g.shape[-1]
+    cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(tuple(lengths), q.device)
+    n_seq = len(lengths)
+    cfg = _Config(dk, dv, slots, q.dtype)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    b = torch.empty_like(g)
+    sk = torch.empty(n_chunks, heads, slots, dk, **f32)
+    sv = torch.empty(n_chunks, heads, slots, dv, **f32)
+    hk = torch.empty(n_seq, heads, slots, dk, **f32) if output_final_state else q.new_empty(0, dtype=torch.float32)
+    hv = torch.empty(n_seq, heads, slots, dv, **f32) if output_final_state else q.new_empty(0, dtype=torch.float32)
+    has_h0 = h0k is not None
+    gsum = torch.empty(n_chunks, heads, slots, **f32)
+    K._chunk_write_kernel[(n_chunks, heads)](
+        k, v, g, b, gsum, sk, sv, chunks, heads, slots, dk, dv,
+        BT=BT, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, BD=cfg.BD_WRITE, PREC=cfg.prec["PREC_S"], num_warps=4)
+    _scan((sk, sv), gsum, (h0k, h0v) if has_h0 else None, (hk, hv) if output_final_state else None, coff,
+          (dk, dv), n_seq, heads, slots, reverse=False)
+    o = torch.empty(n_tok, heads, dv, dtype=q.dtype, device=q.device)
+    z = torch.empty_like(g)  # slot logits, kept for the backward
+    if cfg.whole:
+        W._whole_output_kernel[(n_chunks, heads)](
+            q, k, v, g, b, sk, sv, o, z, chunks, scale, heads, slots, dk, dv,
+            BT=BT, BC=WHOLE_BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
+            num_warps=cfg.warps["output"])
+    else:
+        K._output_fwd_kernel[(n_sub, heads)](
+            q, k, v, g, b, sk, sv, o, z, sub, scale, heads, slots, dk, dv,
+            BT=BT, BC=BC, BM=cfg.BM, SPAN=SPAN, **cfg.blocks, **cfg.prec,
+            num_warps=cfg.warps["output"])
+    return o, hk, hv, b, z, gsum, sk, sv
 
-    @staticmethod
-    def forward(ctx, q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
-        n_tok, heads, dk = q.shape
-        dv, slots = v.shape[-1], g.shape[-1]
-        cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(lengths, q.device)
-        n_seq = len(lengths)
-        cfg = _Config(dk, dv, slots, q.dtype)
-        f32 = dict(dtype=torch.float32, device=q.device)
-        b = torch.empty_like(g)
-        sk = torch.empty(n_chunks, heads, slots, dk, **f32)
-        sv = torch.empty(n_chunks, heads, slots, dv, **f32)
-        hk = torch.empty(n_seq, heads, slots, dk, **f32) if output_final_state else sk
-        hv = torch.empty(n_seq, heads, slots, dv, **f32) if output_final_state else sv
-        has_h0 = h0k is not None
-        gsum = torch.empty(n_chunks, heads, slots, **f32)
-        K._chunk_write_kernel[(n_chunks, heads)](
-            k, v, g, b, gsum, sk, sv, chunks, heads, slots, dk, dv,
-            BT=BT, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, BD=cfg.BD_WRITE, PREC=cfg.prec["PREC_S"], num_warps=4)
-        _scan((sk, sv), gsum, (h0k, h0v) if has_h0 else None, (hk, hv) if output_final_state else None, coff,
-              (dk, dv), n_seq, heads, slots, reverse=False)
-        o = torch.empty(n_tok, heads, dv, dtype=q.dtype, device=q.device)
-        z = torch.empty_like(g)  # slot logits, kept for the backward
-        if cfg.whole:
-            W._whole_output_kernel[(n_chunks, heads)](
-                q, k, v, g, b, sk, sv, o, z, chunks, scale, heads, slots, dk, dv,
-                BT=BT, BC=WHOLE_BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
-                num_warps=cfg.warps["output"])
-        else:
-            K._output_fwd_kernel[(n_sub, heads)](
-                q, k, v, g, b, sk, sv, o, z, sub, scale, heads, slots, dk, dv,
-                BT=BT, BC=BC, BM=cfg.BM, SPAN=SPAN, **cfg.blocks, **cfg.prec,
-                num_warps=cfg.warps["output"])
-        ctx.save_for_backward(q, k, v, g, b, z, gsum, sk, sv, hk, hv)
-        ctx.scale, ctx.lengths, ctx.has_h0, ctx.cfg = scale, lengths, has_h0, cfg
-        ctx.output_final_state = output_final_state
-        if not output_final_state:
-            return o, None, None
-        return o, hk, hv
 
-    @staticmethod
-    def backward(ctx, do, dhk, dhv):
-        q, k, v, g, b, z, gsum, sk, sv, hk, hv = ctx.saved_tensors
-        scale, lengths, cfg = ctx.scale, ctx.lengths, ctx.cfg
-        n_tok, heads, dk = q.shape
-        dv, slots = v.shape[-1], g.shape[-1]
-        cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(lengths, q.device)
-        n_seq = len(lengths)
-        do = do.contiguous()
-        p, dz, dgate = torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
-        dq = torch.empty_like(q)
-        dnk, dnv = torch.empty_like(sk), torch.empty_like(sv)  # the chunk-start states' gradients
-        f32 = dict(dtype=torch.float32, device=q.device)
-        if cfg.whole:  # the query side writes the states' gradients from each chunk's reads too
-            W._whole_query_bwd_kernel[(n_chunks, heads)](
-                q, k, v, g, b, sk, sv, z, do, chunks, p, dz, dq, dgate, dnk, dnv, scale, heads, slots, dk, dv,
-                BT=BT, BC=WHOLE_BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
-                num_warps=cfg.warps["query"])
-        else:
-            K._query_bwd_kernel[(n_sub, heads)](
-                k, v, g, b, sk, sv, z, do, sub, p, dz, dq, dgate, scale, heads, slots, dk, dv,
-                BT=BT, BC=BC, BM=cfg.BM, SPAN=SPAN, **cfg.blocks, **cfg.prec,
-                num_warps=cfg.warps["query"])
-            for w, x, dnext, d, bd, sc in ((dz, q, dnk, dk, cfg.BDK, scale), (p, do, dnv, dv, cfg.BDV, 1.0)):
-                K._chunk_read_grad_kernel[(n_chunks, heads, triton.cdiv(d, bd))](
-                    w, x, b, dnext, chunks, sc, heads, slots, d, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec["PREC_S"],
-                    num_warps=4)
-
-        has_dht = ctx.output_final_state and (dhk is not None or dhv is not None)
-        if has_dht:
-            dhk = torch.zeros_like(hk) if dhk is None else dhk.float().contiguous()
-            dhv = torch.zeros_like(hv) if dhv is None else dhv.float().contiguous()
-        dh0k = torch.empty(n_seq, heads, slots, dk, **f32)
-        dh0v = torch.empty(n_seq, heads, slots, dv, **f32)
-        _scan((dnk, dnv), gsum, (dhk, dhv) if has_dht else None, (dh0k, dh0v), coff, (dk, dv), n_seq, heads, slots,
-              reverse=True)
-
-        dk_, dv_, dg = torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
-        # the final state is a read at each sequence's last row: its share of the gate grad
-        if has_dht:
-            carry = (dhk * hk).sum(-1) + (dhv * hv).sum(-1)
-        else:
-            carry = torch.zeros(n_seq, heads, slots, **f32)
-        if cfg.whole:
-            _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, coff, chunk_seq, carry, dk_, dv_, dg,
-                            scale, cfg)
-        else:
-            ds = torch.empty(2, *g.shape, **f32)  # the K~ and V~ shares of the write weights' gradient
-            for w, x, y, dn, dy, share, d, bd, db, sc in ((dz, q, k, dnk, dk_, ds[0], dk, cfg.BK, cfg.DBK, scale),
-                                                          (p, do, v, dnv, dv_, ds[1], dv, cfg.BV, cfg.DBV, 1.0)):
-                K._key_bwd_kernel[(n_sub, heads)](
-                    w, x, y, dn, g, b, sub, dy, share, sc, heads, slots, d,
-                    BT=BT, BC=BC, BM=cfg.BM, BD=bd, DB=db, SPAN=SPAN, **cfg.prec, num_warps=cfg.warps["key"])
-            K._gate_grad_kernel[(n_seq * heads, triton.cdiv(slots, GATE_SLOTS))](
-                dgate, ds[0], ds[1], g, dg, carry, cu, heads, slots, BT=BT, BM=GATE_SLOTS, WHILE_LOOPS=WHILE_LOOPS,
+def causal_backward(do, dhk, dhv, q, k, v, g, b, z, gsum, sk, sv, hk, hv, scale, lengths, has_h0):
+    """The gradients (dq, dk, dv, dg, dh0k, dh0v; dh0 None without h0) of `causal_forward`
+    from the output's gradient `do` and the final state's (dhk, dhv, None when it was not
+    returned or not used), given the forward's inputs and outputs."""
+    cfg = _Config(q.shape[-1], v.shape[-1], g.shape[-1], q.dtype)
+    n_tok, heads, dk = q.shape
+    dv, slots = v.shape[-1], g.shape[-1]
+    cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(tuple(lengths), q.device)
+    n_seq = len(lengths)
+    do = do.contiguous()
+    p, dz, dgate = torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
+    dq = torch.empty_like(q)
+    dnk, dnv = torch.empty_like(sk), torch.empty_like(sv)  # the chunk-start states' gradients
+    f32 = dict(dtype=torch.float32, device=q.device)
+    if cfg.whole:  # the query side writes the states' gradients from each chunk's reads too
+        W._whole_query_bwd_kernel[(n_chunks, heads)](
+            q, k, v, g, b, sk, sv, z, do, chunks, p, dz, dq, dgate, dnk, dnv, scale, heads, slots, dk, dv,
+            BT=BT, BC=WHOLE_BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
+            num_warps=cfg.warps["query"])
+    else:
+        K._query_bwd_kernel[(n_sub, heads)](
+            k, v, g, b, sk, sv, z, do, sub, p, dz, dq, dgate, scale, heads, slots, dk, dv,
+            BT=BT, BC=BC, BM=cfg.BM, SPAN=SPAN, **cfg.blocks, **cfg.prec,
+            num_warps=cfg.warps["query"])
+        for w, x, dnext, d, bd, sc in ((dz, q, dnk, dk, cfg.BDK, scale), (p, do, dnv, dv, cfg.BDV, 1.0)):
+            K._chunk_read_grad_kernel[(n_chunks, heads, triton.cdiv(d, bd))](
+                w, x, b, dnext, chunks, sc, heads, slots, d, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec["PREC_S"],
                 num_warps=4)
-        if not ctx.has_h0:
-            dh0k = dh0v = None
-        return dq, dk_, dv_, dg, dh0k, dh0v, None, None, None
+
+    has_dht = dhk is not None or dhv is not None
+    if has_dht:
+        dhk = torch.zeros_like(hk) if dhk is None else dhk.float().contiguous()
+        dhv = torch.zeros_like(hv) if dhv is None else dhv.float().contiguous()
+    dh0k = torch.empty(n_seq, heads, slots, dk, **f32)
+    dh0v = torch.empty(n_seq, heads, slots, dv, **f32)
+    _scan((dnk, dnv), gsum, (dhk, dhv) if has_dht else None, (dh0k, dh0v), coff, (dk, dv), n_seq, heads, slots,
+          reverse=True)
+
+    dk_, dv_, dg = torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
+    # the final state is a read at each sequence's last row: its share of the gate grad
+    if has_dht:
+        carry = (dhk * hk).sum(-1) + (dhv * hv).sum(-1)
+    else:
+        carry = torch.zeros(n_seq, heads, slots, **f32)
+    if cfg.whole:
+        _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, coff, chunk_seq, carry, dk_, dv_, dg,
+                        scale, cfg)
+    else:
+        ds = torch.empty(2, *g.shape, **f32)  # the K~ and V~ shares of the write weights' gradient
+        for w, x, y, dn, dy, share, d, bd, db, sc in ((dz, q, k, dnk, dk_, ds[0], dk, cfg.BK, cfg.DBK, scale),
+                                                      (p, do, v, dnv, dv_, ds[1], dv, cfg.BV, cfg.DBV, 1.0)):
+            K._key_bwd_kernel[(n_sub, heads)](
+                w, x, y, dn, g, b, sub, dy, share, sc, heads, slots, d,
+                BT=BT, BC=BC, BM=cfg.BM, BD=bd, DB=db, SPAN=SPAN, **cfg.prec, num_warps=cfg.warps["key"])
+        K._gate_grad_kernel[(n_seq * heads, triton.cdiv(slots, GATE_SLOTS))](
+            dgate, ds[0], ds[1], g, dg, carry, cu, heads, slots, BT=BT, BM=GATE_SLOTS, WHILE_LOOPS=WHILE_LOOPS,
+            num_warps=4)
+    if not has_h0:
+        dh0k = dh0v = None
+    return dq, dk_, dv_, dg, dh0k, dh0v
 
 
 def _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, coff, chunk_seq, carry, dk, dv, dg, scale,
@@ -280,9 +276,11 @@ def _causal(q, k, v, g, initial_state, output_final_state, lengths, scale):
     """CS on [B, T, H, *] tensors whose B*T tokens hold sequences of `lengths`."""
     batch, length, heads, _ = q.shape
     h0k, h0v = (None, None) if initial_state is None else (s.float().contiguous() for s in initial_state)
-    o, hk, hv = _CausalGSA.apply(
+    from .op import gsa_causal_op  # (op.py registers the custom operators around this module's passes)
+
+    o, hk, hv = gsa_causal_op(
         *(x.contiguous().reshape(batch * length, heads, x.shape[-1]) for x in (q, k, v, g)),
-        h0k, h0v, scale, tuple(lengths), output_final_state)
+        h0k, h0v, scale, list(lengths), output_final_state)
     return o.reshape(batch, length, heads, -1), (GsaState(hk, hv) if output_final_state else None)
 
 

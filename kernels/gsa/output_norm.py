@@ -12,7 +12,6 @@ Forward and backward accumulate in fp32; y and dx are in x's dtype, dweight in w
 import torch
 import triton
 import triton.language as tl
-from torch.autograd.function import once_differentiable
 
 from ..common import tile_width
 
@@ -61,31 +60,28 @@ def _bwd_kernel(x_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dw_ptr, R, D, ROWS: tl.c
     tl.store(dw_ptr + i_r.to(tl.int64) * D + cols, tl.sum(dy * n, 0), mask=cols < D)
 
 
-class _SiluRmsNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        shape, d = x.shape, x.shape[-1]
-        x2 = x.contiguous().view(-1, d)  # [rows, d]
-        rows = x2.shape[0]
-        y = torch.empty_like(x2)
-        rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-        bd = tile_width(d)
-        _fwd_kernel[(triton.cdiv(rows, ROWS),)](x2, weight, y, rstd, rows, d, eps, ROWS=ROWS, BD=bd)
-        ctx.save_for_backward(x2, weight, rstd)
-        ctx.shape = shape
-        return y.view(shape)
+def silu_rms_norm_forward(x, weight, eps):
+    """The forward kernel: x [..., d] -> (y like x, rstd [rows] fp32)."""
+    d = x.shape[-1]
+    x2 = x.contiguous().view(-1, d)  # [rows, d]
+    rows = x2.shape[0]
+    y = torch.empty_like(x2)
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+    _fwd_kernel[(triton.cdiv(rows, ROWS),)](x2, weight, y, rstd, rows, d, eps, ROWS=ROWS, BD=tile_width(d))
+    return y.view(x.shape), rstd
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        x2, weight, rstd = ctx.saved_tensors
-        rows, d = x2.shape
-        programs = triton.cdiv(rows, ROWS)
-        dx = torch.empty_like(x2)
-        dw_parts = torch.empty(programs, d, dtype=torch.float32, device=x2.device)
-        _bwd_kernel[(programs,)](x2, weight, rstd, dy.contiguous().view(-1, d), dx, dw_parts, rows, d, ROWS=ROWS,
-                                 BD=tile_width(d))
-        return dx.view(ctx.shape), dw_parts.sum(0).to(weight.dtype), None
+
+def silu_rms_norm_backward(dy, x, weight, rstd):
+    """The backward kernel: -> (dx like x, dweight in weight's dtype)."""
+    d = x.shape[-1]
+    x2 = x.contiguous().view(-1, d)
+    rows = x2.shape[0]
+    programs = triton.cdiv(rows, ROWS)
+    dx = torch.empty_like(x2)
+    dw_parts = torch.empty(programs, d, dtype=torch.float32, device=x2.device)
+    _bwd_kernel[(programs,)](x2, weight, rstd, dy.contiguous().view(-1, d), dx, dw_parts, rows, d, ROWS=ROWS,
+                             BD=tile_width(d))
+    return dx.view(x.shape), dw_parts.sum(0).to(weight.dtype)
 
 
 def silu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, use_triton: bool) -> torch.Tensor:
@@ -96,4 +92,6 @@ def silu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, use_trit
     """
     if not use_triton or x.shape[-1] > MAX_DIM or x.dtype == torch.float64 or x.numel() == 0:
         return torch.nn.functional.rms_norm(torch.nn.functional.silu(x), (x.shape[-1],), weight.to(x.dtype), eps)
-    return _SiluRmsNorm.apply(x, weight, float(eps))
+    from .op import silu_rms_norm_fwd  # (op.py registers the custom operators around the kernels)
+
+    return silu_rms_norm_fwd(x, weight, float(eps))[0]

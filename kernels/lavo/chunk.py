@@ -16,6 +16,7 @@ sequence cut into S contiguous parts (reference.py's rule), S*r slots under one 
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -73,11 +74,17 @@ def lavo_chunked(
         raise ValueError(f"chunk {chunk} in dkv query tiles of {rows} rows: at least {MIN_DOT} on a GPU")
     if q.shape[0] * q.shape[1] == 0:
         return torch.zeros_like(q)
-    k, v = k.to(q.dtype), v.to(q.dtype)  # the kernels read q, k, v as one dtype
+    # the kernels read q, k, v as one dtype; the ops take contiguous tensors (a strided
+    # view such as the learned basis, a transposed slice, would otherwise reach the
+    # backward op in whatever layout the compiler chose for it)
+    q, k, v = q.contiguous(), k.to(q.dtype).contiguous(), v.to(q.dtype).contiguous()
+    basis, mem_bias = basis.contiguous(), mem_bias.contiguous()
+    rel_bias = rel_bias.contiguous() if rel_bias is not None else None
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return _LavoChunkFn.apply(
-        q, k, v, basis, rel_bias, mem_bias, window, causal, cross, segments, scale, kv_mask, cu_seqlens, chunk
-    )
+    from .op import lavo_chunk_op  # (op.py registers the custom operators around this module's passes)
+
+    return lavo_chunk_op(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments,
+                         scale, chunk)
 
 
 class _Layout:
@@ -144,7 +151,8 @@ def _valid_counts(valid, cu_seqlens):
     running = valid.reshape(-1).to(torch.int64).cumsum(0)  # over all packed sequences
     bounds = cu_seqlens.to(device=valid.device, dtype=torch.int64)
     before = torch.cat([running.new_zeros(1), running])[bounds[:-1]]  # valid keys before each sequence
-    return running - before.repeat_interleave(bounds.diff())
+    # output_size: the result's length known on the host, so no sync to read the repeats' sum
+    return running - before.repeat_interleave(bounds.diff(), output_size=running.numel())
 
 
 def _segment_tables(valid, cu_seqlens, layout, segments):
@@ -156,7 +164,8 @@ def _segment_tables(valid, cu_seqlens, layout, segments):
         lengths = torch.full((batch,), m, device=valid.device)
     else:
         lengths = cu_seqlens.to(device=valid.device, dtype=torch.int64).diff()
-    seq_of_row = torch.arange(len(lengths), device=valid.device).repeat_interleave(lengths)
+    # each key row's sequence; output_size (all rows) spares the sync on the repeats' sum
+    seq_of_row = torch.arange(len(lengths), device=valid.device).repeat_interleave(lengths, output_size=valid.numel())
     flat = valid.reshape(-1).to(torch.int64)
     n_valid = torch.zeros(len(lengths), dtype=torch.int64, device=valid.device).index_add_(0, seq_of_row, flat)
     rank = (_valid_counts(valid, cu_seqlens) - 1).clamp(min=0)
@@ -217,111 +226,136 @@ def _window_bias_tiles(rho, meta):
     return tiles.reshape(-1, meta["C"], meta["C"])
 
 
-class _LavoChunkFn(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx, q, k, v, basis, rel_bias, mem_bias, window, causal, cross, segments, scale, kv_mask, cu_seqlens, chunk
-    ):
-        batch, n, heads, d = q.shape
-        m = k.shape[1]
-        noncausal = not causal
-        rank = basis.shape[1]
-        if cu_seqlens is None:
-            layout = _batched_layout(batch, n, m, chunk, noncausal, q.device)
-        else:
-            layout = _Layout(batch, n, m, cu_seqlens, chunk, noncausal, q.device)
-        qf, kf, vf = (x.contiguous().view(-1, heads, d) for x in (q, k, v))  # [rows, H, d]
-        # the memory products take the basis in the inputs' dtype (fp32 accumulation)
-        bas = basis.detach().to(q.dtype).contiguous()
-        # NC has no window and may come without rel_bias: a placeholder the kernels never read
-        rho = (rel_bias.detach() if rel_bias is not None else q.new_zeros(heads, 1)).float().contiguous()
-        mu = mem_bias.detach().float().reshape(heads, -1).expand(heads, segments).contiguous()  # [H, S]
-        kvm = kv_mask.reshape(-1).to(torch.uint8) if kv_mask is not None else qf
-        segid = rho  # placeholder, read only with segments > 1
-        if noncausal:  # counts per query chunk and segment
-            valid = kv_mask if kv_mask is not None else torch.ones(batch, m, dtype=torch.bool, device=q.device)
-            segid, cnt = _segment_tables(valid, cu_seqlens, layout, segments)
-        elif kv_mask is not None:  # counts per key row
-            cnt = _valid_counts(kv_mask, cu_seqlens).float()
-        else:
-            cnt = rho  # placeholder: counts are t' + 1
-        meta = _compile_args(q, rank, chunk, noncausal, window, kv_mask, cross)
-        tables = _window_bias_tiles(rho, meta) if meta["TABLE"] else rho  # (placeholder: CC, NC)
+class _Prepared(NamedTuple):
+    """What the forward and the backward kernels read besides q, k, v and o: the chunk
+    tables, the parameters in the kernels' layouts, the counts and the value sums before
+    each query chunk (`pre`). Both passes build it from the op's inputs (the backward
+    rebuilds it: two small launches, and the op's outputs stay o and lse, whose shapes do
+    not depend on cu_seqlens's values)."""
 
-        sums = torch.empty(len(layout.kchunks), segments, heads, d, dtype=torch.float32, device=q.device)
-        chunk_value_sums_kernel[(len(layout.kchunks), heads)](
-            vf, kvm, segid, sums, *layout.kargs, heads, D=d, BD=meta["BD"], C=chunk, SEG=segments,
-            HAS_MASK=meta["HAS_MASK"], BATCHED=layout.batched,
-        )
-        pre = _prefix_sums(sums, layout)  # [query chunks, S, H, d]
-        o = torch.empty_like(qf)
-        lse = torch.empty(qf.shape[0], heads, dtype=torch.float32, device=q.device)
-        lavo_fwd_kernel[(len(layout.qchunks), heads)](
-            qf, kf, vf, bas, rho, tables, mu, pre, cnt, kvm, o, lse, *layout.qargs,
-            heads, rho.shape[1], scale, R=rank, SEG=segments, BATCHED=layout.batched, **_pick(meta, _FWD_META),
-            **LAUNCH["fwd"],
-        )
-        ctx.save_for_backward(qf, kf, vf, o, lse, bas, rho, tables, mu, pre, cnt, kvm, segid)
-        ctx.layout, ctx.meta, ctx.dims = layout, meta, (batch, n, m, heads, d, rank, scale, window, segments)
-        rho_dtype = rho.dtype if rel_bias is None else rel_bias.dtype
-        ctx.param_dtypes = (basis.dtype, rho_dtype, mem_bias.dtype, mem_bias.shape)
-        ctx.has_rel_bias = rel_bias is not None
-        return o.view(q.shape)
+    layout: _Layout
+    meta: dict
+    qf: torch.Tensor  # [rows, H, d], and kf, vf likewise
+    kf: torch.Tensor
+    vf: torch.Tensor
+    bas: torch.Tensor  # [H, r, d] in q's dtype
+    rho: torch.Tensor  # [H, entries] fp32 (a placeholder for NC without rel_bias)
+    tables: torch.Tensor  # the window's bias tiles (self-attention) or rho
+    mu: torch.Tensor  # [H, S] fp32
+    cnt: torch.Tensor
+    kvm: torch.Tensor
+    segid: torch.Tensor
+    pre: torch.Tensor  # [query chunks, S, H, d] fp32
 
-    @staticmethod
-    def backward(ctx, do):
-        qf, kf, vf, o, lse, bas, rho, tables, mu, pre, cnt, kvm, segid = ctx.saved_tensors
-        layout, meta = ctx.layout, ctx.meta
-        batch, n, m, heads, d, rank, scale, window, segments = ctx.dims
-        dof = do.contiguous().view(-1, heads, d)
-        nq = len(layout.qchunks)
-        groups = math.ceil(nq / DQ_GROUP)
-        f32 = dict(dtype=torch.float32, device=qf.device)
-        nrb = meta["NRB"]
-        dq_mem = torch.empty(qf.shape, **f32)
-        delta = torch.empty_like(lse)  # [rows, H]
-        block = DELTA_TILE // meta["BD"]  # (row, head) pairs per program
-        lavo_delta_kernel[(triton.cdiv(delta.numel(), block),)](
-            o, dof, delta, delta.numel(), D=d, BD=meta["BD"], BLOCK=block
+
+def _prepare(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, chunk):
+    batch, n, heads, d = q.shape
+    m = k.shape[1]
+    noncausal = not causal
+    if cu_seqlens is None:
+        layout = _batched_layout(batch, n, m, chunk, noncausal, q.device)
+    else:
+        layout = _Layout(batch, n, m, cu_seqlens, chunk, noncausal, q.device)
+    qf, kf, vf = (x.contiguous().view(-1, heads, d) for x in (q, k, v))  # [rows, H, d]
+    # the memory products take the basis in the inputs' dtype (fp32 accumulation)
+    bas = basis.detach().to(q.dtype).contiguous()
+    # NC has no window and may come without rel_bias: a placeholder the kernels never read
+    rho = (rel_bias.detach() if rel_bias is not None else q.new_zeros(heads, 1)).float().contiguous()
+    mu = mem_bias.detach().float().reshape(heads, -1).expand(heads, segments).contiguous()  # [H, S]
+    kvm = kv_mask.reshape(-1).to(torch.uint8) if kv_mask is not None else qf
+    segid = rho  # placeholder, read only with segments > 1
+    if noncausal:  # counts per query chunk and segment
+        valid = kv_mask if kv_mask is not None else torch.ones(batch, m, dtype=torch.bool, device=q.device)
+        segid, cnt = _segment_tables(valid, cu_seqlens, layout, segments)
+    elif kv_mask is not None:  # counts per key row
+        cnt = _valid_counts(kv_mask, cu_seqlens).float()
+    else:
+        cnt = rho  # placeholder: counts are t' + 1
+    meta = _compile_args(q, basis.shape[1], chunk, noncausal, window, kv_mask, cross)
+    tables = _window_bias_tiles(rho, meta) if meta["TABLE"] else rho  # (placeholder: CC, NC)
+
+    sums = torch.empty(len(layout.kchunks), segments, heads, d, dtype=torch.float32, device=q.device)
+    chunk_value_sums_kernel[(len(layout.kchunks), heads)](
+        vf, kvm, segid, sums, *layout.kargs, heads, D=d, BD=meta["BD"], C=chunk, SEG=segments,
+        HAS_MASK=meta["HAS_MASK"], BATCHED=layout.batched,
+    )
+    pre = _prefix_sums(sums, layout)  # [query chunks, S, H, d]
+    return _Prepared(layout, meta, qf, kf, vf, bas, rho, tables, mu, cnt, kvm, segid, pre)
+
+
+def lavo_chunk_forward(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments,
+                       scale, chunk):
+    """The forward kernels: q [B, T, H, d], k, v [B, S, H, d] in q's dtype -> (o [B, T, H, d],
+    lse [B*T, H] fp32, the log-sum-exp the backward reads)."""
+    heads = q.shape[2]
+    p = _prepare(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, chunk)
+    o = torch.empty_like(p.qf)
+    lse = torch.empty(p.qf.shape[0], heads, dtype=torch.float32, device=q.device)
+    lavo_fwd_kernel[(len(p.layout.qchunks), heads)](
+        p.qf, p.kf, p.vf, p.bas, p.rho, p.tables, p.mu, p.pre, p.cnt, p.kvm, o, lse, *p.layout.qargs,
+        heads, p.rho.shape[1], scale, R=basis.shape[1], SEG=segments, BATCHED=p.layout.batched,
+        **_pick(p.meta, _FWD_META), **LAUNCH["fwd"],
+    )
+    return o.view(q.shape), lse
+
+
+def lavo_chunk_backward(do, q, k, v, o, lse, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross,
+                        segments, scale, chunk):
+    """The backward kernels: the gradients (dq, dk, dv, dbasis, drel_bias or None, dmem_bias)
+    of the forward's inputs, each in its input's dtype (dk, dv in q's)."""
+    p = _prepare(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, chunk)
+    layout, meta = p.layout, p.meta
+    batch, n, heads, d = q.shape
+    m, rank = k.shape[1], basis.shape[1]
+    qf, kf, vf, rho = p.qf, p.kf, p.vf, p.rho
+    of = o.contiguous().view(-1, heads, d)
+    dof = do.contiguous().view(-1, heads, d)
+    nq = len(layout.qchunks)
+    groups = math.ceil(nq / DQ_GROUP)
+    f32 = dict(dtype=torch.float32, device=qf.device)
+    nrb = meta["NRB"]
+    dq_mem = torch.empty(qf.shape, **f32)
+    delta = torch.empty_like(lse)  # [rows, H]
+    block = DELTA_TILE // meta["BD"]  # (row, head) pairs per program
+    lavo_delta_kernel[(triton.cdiv(delta.numel(), block),)](
+        of, dof, delta, delta.numel(), D=d, BD=meta["BD"], BLOCK=block
+    )
+    db_part = torch.empty(groups, heads, rank, d, **f32)
+    dmu_part = torch.empty(groups, nrb, heads, segments, **f32)
+    dvl = (torch.zeros if m > n else torch.empty)(vf.shape, **f32)
+    wsum = torch.empty(nq, segments, heads, d, **f32)
+    common = dict(_pick(meta, ("D", "BD", "RB", "NRB", "C", "NS", "HAS_MASK", "QMASK", "PREC")), BATCHED=layout.batched)
+    lavo_mem_bwd_kernel[(groups, heads, nrb)](
+        qf, vf, dof, lse, delta, p.bas, p.mu, p.pre, p.cnt, p.kvm, *layout.qargs, dq_mem, db_part, dmu_part, dvl,
+        wsum, heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),
+        **common, **LAUNCH["mem_bwd"],
+    )
+    if nrb > 1:  # the sums over the rank blocks: memory dq, value-gradient parts
+        lavo_mem_sums_kernel[(groups, heads)](
+            qf, vf, dof, lse, delta, p.bas, p.mu, p.pre, p.cnt, p.kvm, *layout.qargs, dq_mem, dvl, wsum,
+            heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, **common, **LAUNCH["mem_sums"],
         )
-        db_part = torch.empty(groups, heads, rank, d, **f32)
-        dmu_part = torch.empty(groups, nrb, heads, segments, **f32)
-        dvl = (torch.zeros if m > n else torch.empty)(vf.shape, **f32)
-        wsum = torch.empty(nq, segments, heads, d, **f32)
-        common = dict(_pick(meta, ("D", "BD", "RB", "NRB", "C", "NS", "HAS_MASK", "QMASK", "PREC")), BATCHED=layout.batched)
-        lavo_mem_bwd_kernel[(groups, heads, nrb)](
-            qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, *layout.qargs, dq_mem, db_part, dmu_part, dvl, wsum,
-            heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),
-            **common, **LAUNCH["mem_bwd"],
-        )
-        if nrb > 1:  # the sums over the rank blocks: memory dq, value-gradient parts
-            lavo_mem_sums_kernel[(groups, heads)](
-                qf, vf, dof, lse, delta, bas, mu, pre, cnt, kvm, *layout.qargs, dq_mem, dvl, wsum,
-                heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, **common, **LAUNCH["mem_sums"],
-            )
-        drho = torch.zeros_like(rho)
-        suf = _suffix_sums(wsum, layout)  # [key chunks, S, H, d]
-        # CC, target longer than the source: query blocks past the source (a power of 2,
-        # so that few lengths compile their own kernel)
-        tail = triton.next_power_of_2(math.ceil((n - m) / meta["C"]) + 1) if n > m and meta["NKB"] else 0
-        dk = torch.empty_like(kf)
-        dv = torch.empty_like(vf)
-        lavo_dkv_kernel[(len(layout.kchunks), heads)](
-            qf, kf, vf, dof, lse, delta, rho, tables, kvm, segid, *layout.kargs, dvl, suf, dq_mem, drho, dk, dv,
-            heads, rho.shape[1], scale, TAIL=tail, SEG=segments, BATCHED=layout.batched, **_pick(meta, _DKV_META),
-            **LAUNCH["dkv"],
-        )
-        dq = dq_mem.to(qf.dtype)  # the memory's dq (mem_bwd) plus the window's (dkv)
-        basis_dtype, rho_dtype, mu_dtype, mu_shape = ctx.param_dtypes
-        dmu = dmu_part.sum((0, 1))  # [H, S]
-        if len(mu_shape) == 1:  # one bias shared by the segments
-            dmu = dmu.sum(1)
-        shape_q, shape_k = (batch, n, heads, d), (batch, m, heads, d)
-        return (
-            dq.view(shape_q), dk.view(shape_k), dv.view(shape_k), db_part.sum(0).to(basis_dtype),
-            drho.to(rho_dtype) if ctx.has_rel_bias else None, dmu.reshape(mu_shape).to(mu_dtype),
-            None, None, None, None, None, None, None, None,
-        )
+    drho = torch.zeros_like(rho)
+    suf = _suffix_sums(wsum, layout)  # [key chunks, S, H, d]
+    # CC, target longer than the source: query blocks past the source (a power of 2,
+    # so that few lengths compile their own kernel)
+    tail = triton.next_power_of_2(math.ceil((n - m) / meta["C"]) + 1) if n > m and meta["NKB"] else 0
+    dk = torch.empty_like(kf)
+    dv = torch.empty_like(vf)
+    lavo_dkv_kernel[(len(layout.kchunks), heads)](
+        qf, kf, vf, dof, lse, delta, rho, p.tables, p.kvm, p.segid, *layout.kargs, dvl, suf, dq_mem, drho, dk, dv,
+        heads, rho.shape[1], scale, TAIL=tail, SEG=segments, BATCHED=layout.batched, **_pick(meta, _DKV_META),
+        **LAUNCH["dkv"],
+    )
+    dq = dq_mem.to(qf.dtype)  # the memory's dq (mem_bwd) plus the window's (dkv)
+    dmu = dmu_part.sum((0, 1))  # [H, S]
+    if mem_bias.dim() == 1:  # one bias shared by the segments
+        dmu = dmu.sum(1)
+    drel = drho.to(rel_bias.dtype) if rel_bias is not None else None
+    return (
+        dq.view(q.shape), dk.view(k.shape), dv.view(k.shape), db_part.sum(0).to(basis.dtype), drel,
+        dmu.reshape(mem_bias.shape).to(mem_bias.dtype),
+    )
 
 
 # compile-time arguments of the forward and dkv kernels

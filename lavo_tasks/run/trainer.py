@@ -84,8 +84,8 @@ def held_lightning_info():
         logger.handlers = handlers
 
 
-# `trainer.*` keys that configure the run's callbacks rather than lightning.Trainer.
-CALLBACK_KEYS = ("early_stopping_patience",)
+# `trainer.*` keys that configure the run's callbacks or its module rather than lightning.Trainer.
+CALLBACK_KEYS = ("early_stopping_patience", "compile")
 
 
 def early_stopping(cfg: DictConfig) -> list[EarlyStopping]:

@@ -17,3 +17,27 @@ def test_softmax_default_is_causal_attention_by_hand():
     expected = scores.softmax(-1) @ vf
     torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)  # bf16 inputs and output
     assert "softmax_default" in bench.ALL_OPS and bench.OPS["softmax_default"] is bench.softmax_default_op
+
+
+def test_softmax_cc_is_top_left_causal_cross_attention_by_hand():
+    """CC: target query t sees source positions <= t (the cross patterns' rule)."""
+    torch.manual_seed(0)
+    fwd, (q, k, v) = bench.softmax_default_op(1, 7, torch.device("cpu"), "CC")
+    assert q.shape[2] == bench.CROSS_TARGET and k.shape[2] == 7
+    scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(bench.HEAD_DIM)  # [B, H, 512, 7]
+    seen = torch.arange(7)[None, :] <= torch.arange(bench.CROSS_TARGET)[:, None]
+    expected = scores.masked_fill(~seen, float("-inf")).softmax(-1) @ v.float()
+    torch.testing.assert_close(fwd().float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_every_pattern_builds_its_shapes():
+    for pattern in bench.PATTERNS:
+        for name in ("softmax", "lavo", "gsa"):
+            fwd, leaves = bench.OPS[name](1, 16, torch.device("cpu"), pattern)
+            out = fwd()
+            queries = bench.CROSS_TARGET if pattern[1] == "C" else 16
+            assert queries in out.shape and out.shape.numel() == queries * bench.HEADS * bench.HEAD_DIM, (name, pattern)
+            out.float().sum().backward()
+            missing = [i for i, t in enumerate(leaves) if t.grad is None]
+            assert missing == ([1] if (name, pattern) == ("lavo", "NC") else []), (name, pattern)  # NC reads no keys
+    assert bench.parse_args(["--patterns", "NS,NC"]).patterns == ["NS", "NC"]

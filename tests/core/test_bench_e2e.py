@@ -35,7 +35,8 @@ def test_the_preset_is_cab_and_the_kernel_sizes_apply():
 
 @pytest.mark.parametrize("args, message", [(["steps=1"], "name the task"),
                                            (["task=lm", "attentions=flash"], "choose from"),
-                                           (["task=lm", "steps=0"], "steps='0'")])
+                                           (["task=lm", "steps=0"], "steps='0'"),
+                                           (["task=lm", "compile=fast"], "compile='fast': allowed off, default")])
 def test_bad_arguments_are_one_line(args, message):
     with pytest.raises(ConfigError, match=message):
         bench_e2e.bench(args, allow_cpu=True)
