@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 from ...config import site_attention
 from ...module import TaskModule
-from .data import write_pcd
+from .pcn import write_pcd
 from .geometry import chamfer_l1_loss
 from .metrics import CompletionScores, completion_metrics
 from .model import PoinTr

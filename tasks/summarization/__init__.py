@@ -15,7 +15,7 @@ from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
 from lavo_tasks.text.tokenizer import check_tokenizer_keys
 
-from .data import FORMATS, split_files
+from .formats import FORMATS, split_files
 from .data import SummarizationDataModule as DataModule
 from .module import SummarizationModule as Module
 

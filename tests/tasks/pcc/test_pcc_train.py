@@ -9,7 +9,8 @@ import torch
 
 from lavo_tasks import train
 from lavo_tasks.config import compose
-from lavo_tasks.tasks.pcc.data import PCNDataModule, read_pcd
+from lavo_tasks.tasks.pcc.data import PCNDataModule
+from lavo_tasks.tasks.pcc.pcn import read_pcd
 
 from pcn_layout import SMALL, write_layout
 
