@@ -5,9 +5,8 @@
 #
 #   DATA=/path/to/primitives STEPS=2000 OUT=pcc_runs bash benchmarks/pcc_runs.sh [KEY=VALUE ...]
 #
-# DATA: the default shapes in the PCN layout, written where open3d is installed by
-#   python -c "from pathlib import Path; from lavo_tasks.tasks.pcc.shapes import ensure_default_dataset as e; e(Path('DATA'))"
-# (empty: each run builds its own under OUT/<attention>/data, which needs open3d).
+# DATA: a folder in the PCN layout (empty: the default shapes, built once per machine into
+# the default-data cache, $LAVO_TASKS_CACHE or ~/.cache/lavo-tasks, which needs open3d).
 # STEPS: training steps (default 2000; validation every STEPS/4). MAX_TIME: the training
 # time limit of each run (default 00:00:06:00; the test runs after it). PRECISION:
 # bf16-mixed. Extra KEY=VALUE arguments go to every run. `local` has no cross-attention

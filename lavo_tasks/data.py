@@ -8,10 +8,15 @@ embedded default dataset, a fixed sample of the validation split) uses a constan
 own, named where it is defined.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
+import lightning as L
 import torch
-from torch.utils.data import Sampler
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .default_data import default_data
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -88,3 +93,86 @@ class ShardSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return self.stop - self.start
+
+
+class TaskDataModule(L.LightningDataModule):
+    """What every task's data module shares: the step-batch training loader, the
+    evaluation loaders and where the data is.
+
+    A task's `setup` fills `self.datasets` ("train", "val", "test"). Then:
+    - training reads `datasets["train"]` through StepBatchSampler (the batches depend on
+      (seed, step) only, so a resumed run sees what an uninterrupted one would);
+    - validation reads `datasets["val"]` in order, or, with `val_order_seed` set, in one
+      fixed shuffled order, so that `trainer.limit_val_batches` samples the whole split
+      instead of its start;
+    - the test reads each process's share of `datasets["test"]` in order (ShardSampler;
+      the task's metrics sum over the processes).
+    Every loader collates with `collate_fn()` (None: torch's default collation).
+
+    `data_path()` is `data.path`, or the task's embedded default: `default_name` (a file
+    or folder) written by `write_default(path)` and cached per machine under the key of
+    `default_recipe()` (lavo_tasks.default_data).
+    """
+
+    val_order_seed: int | None = None
+    default_name: str = ""
+
+    def __init__(self, cfg: DictConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.datasets: dict[str, Dataset] = {}
+
+    # -- where the data is -----------------------------------------------------------------
+
+    def default_recipe(self) -> Mapping:
+        """Everything the default data's files depend on (the cache key hashes it)."""
+        raise NotImplementedError(f"task {self.cfg.task} has no embedded default; set data.path")
+
+    def write_default(self, path: Path) -> None:
+        """Write the default data at `path` (a file or folder that does not exist yet)."""
+        raise NotImplementedError(f"task {self.cfg.task} has no embedded default; set data.path")
+
+    def data_path(self) -> Path:
+        """data.path, or the default data in the cache (built there first when this machine
+        has none)."""
+        if self.cfg.data.path:
+            return Path(self.cfg.data.path)
+        name = self.default_name
+        return default_data(self.cfg.task, self.default_recipe(), lambda folder: self.write_default(folder / name)) / name
+
+    def prepare_data(self) -> None:
+        """Build the default data if this machine has none (a task without a file
+        default, `default_name` "", makes its default in `setup`)."""
+        if not self.cfg.data.path and self.default_name:
+            self.data_path()
+
+    # -- loaders ---------------------------------------------------------------------------
+
+    def collate_fn(self) -> Callable | None:
+        return None
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = self.datasets["train"]
+        start_step = self.trainer.global_step if self.trainer is not None else 0
+        sampler = StepBatchSampler(len(dataset), self.cfg.data.batch_size, self.cfg.seed, start_step=start_step)
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=self.collate_fn(),
+                          num_workers=self.cfg.data.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.eval_loader(self.datasets["val"], order_seed=self.val_order_seed)
+
+    def test_dataloader(self) -> DataLoader | list[DataLoader]:
+        return self.eval_loader(self.datasets["test"], shard=True)
+
+    def eval_loader(self, dataset: Dataset, batch_size: int | None = None, shard: bool = False,
+                    order_seed: int | None = None) -> DataLoader:
+        """Batches of `batch_size` (default data.batch_size) in order: this process's share
+        with `shard`, a fixed permutation drawn from `order_seed` when given."""
+        if shard:
+            sampler = ShardSampler(len(dataset))
+        elif order_seed is not None:
+            sampler = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(order_seed)).tolist()
+        else:
+            sampler = None
+        return DataLoader(dataset, batch_size=batch_size or self.cfg.data.batch_size, sampler=sampler, shuffle=False,
+                          collate_fn=self.collate_fn(), num_workers=self.cfg.data.num_workers)

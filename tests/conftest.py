@@ -22,6 +22,22 @@ torch.set_num_threads(_THREADS)
 os.environ["OMP_NUM_THREADS"] = str(_THREADS)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def default_data_cache(tmp_path_factory):
+    """The default-data cache (lavo_tasks.default_data) of the whole session: a temporary
+    folder, never the user's own cache; the runs a test starts as processes inherit it."""
+    from lavo_tasks.default_data import CACHE_ENV
+
+    folder = tmp_path_factory.mktemp("default-data")
+    saved = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(folder)
+    yield folder
+    if saved is None:
+        del os.environ[CACHE_ENV]
+    else:
+        os.environ[CACHE_ENV] = saved
+
+
 def _start_order(item) -> int:
     """0 for the notebooks (the longest tests), 1 for the other `slow` tests, 2 for the rest."""
     if "slow" not in item.keywords:

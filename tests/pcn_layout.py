@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lavo_tasks.tasks.pcc.data import write_pcd
+from lavo_tasks.tasks.pcc.pcn import write_pcd
 
 VIEW_OFFSET = 10.0  # partial view v of a model is its cloud shifted by v * VIEW_OFFSET along x
 

@@ -7,8 +7,10 @@ length and at 2x, 4x, 8x, text generated through the attentions' decode states.
 
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from lavo_tasks.backbone import size_rules
+from lavo_tasks.config import check_rules
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
 from lavo_tasks.text.tokenizer import check_tokenizer_keys
@@ -25,18 +27,14 @@ def check_config(cfg: DictConfig) -> None:
     longest = max(TEST_LENGTH_FACTORS) * cfg.data.seq_len
     rules = [
         ("data.seq_len", cfg.data.seq_len >= MIN_SEQ_LEN, f">= {MIN_SEQ_LEN}"),
-        ("model.n_layers", cfg.model.n_layers >= 1, ">= 1"),
-        ("model.d_ff", cfg.model.d_ff >= 1, ">= 1"),
-        ("model.dropout", 0 <= cfg.model.dropout < 1, "in [0, 1)"),
+        *size_rules(cfg),
         ("generate.prompt_tokens", 1 <= cfg.generate.prompt_tokens <= longest + 1,
          f"in [1, {longest + 1}] (the prompt is the start of the test split's first {max(TEST_LENGTH_FACTORS)}x block)"),
         ("generate.max_new_tokens", cfg.generate.max_new_tokens >= 1, ">= 1"),
         ("generate.temperature", cfg.generate.temperature >= 0, ">= 0 (0: greedy)"),
         ("generate.top_k", cfg.generate.top_k >= 0, ">= 0 (0: the whole vocabulary)"),
     ]
-    for key, ok, allowed in rules:
-        if not ok:
-            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)}: must be {allowed}")
+    check_rules(cfg, rules)
     check_tokenizer_keys(cfg.data)
     if cfg.data.token_cache and Path(cfg.data.token_cache).is_file():
         raise ConfigError(f"data.token_cache={cfg.data.token_cache}: a file; it must name a folder (made if missing)")

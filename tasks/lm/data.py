@@ -19,13 +19,12 @@ length, over the same tokens at every length, so the perplexities compare direct
 
 from pathlib import Path
 
-import lightning as L
 import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
+from lavo_tasks.data import TaskDataModule
 from lavo_tasks.text.corpus import SPLITS, stdlib_splits
-from lavo_tasks.data import ShardSampler, StepBatchSampler
 from lavo_tasks.errors import DataError
 from lavo_tasks.text.token_cache import MappedStream, cached_token_stream, file_source, text_source
 from lavo_tasks.text.tokenizer import build_tokenizer, tokenizer_spec
@@ -80,10 +79,13 @@ class TokenWindows(Dataset):
         return self.tokens[start : start + self.length + 1].long()
 
 
-class LMDataModule(L.LightningDataModule):
+class LMDataModule(TaskDataModule):
+    """Tokenizes the splits in `setup`: `self.tokenizer`, `self.streams[split]`, and
+    `self.datasets` "train" (windows at every token) and "val" (blocks); the test's
+    blocks at each length come from `test_dataloader`."""
+
     def __init__(self, cfg: DictConfig):
-        super().__init__()
-        self.cfg = cfg
+        super().__init__(cfg)
         self.tokenizer = None
         self.streams: dict[str, MappedStream] = {}
 
@@ -129,25 +131,14 @@ class LMDataModule(L.LightningDataModule):
             if split == "test":  # the same test tokens at every length: a whole number of the longest blocks
                 stream = stream.head((len(stream) - 1) // longest * longest + 1)
             self.streams[split] = stream
-
-    def train_dataloader(self) -> DataLoader:
-        windows = TokenWindows(self.streams["train"], self.cfg.data.seq_len, stride=1)
-        start_step = self.trainer.global_step if self.trainer is not None else 0
-        sampler = StepBatchSampler(len(windows), self.cfg.data.batch_size, self.cfg.seed, start_step=start_step)
-        return DataLoader(windows, batch_sampler=sampler, num_workers=self.cfg.data.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._blocks("val", self.cfg.data.seq_len, self.cfg.data.batch_size)
+            if split != "test":  # training windows start at every token, validation reads blocks
+                self.datasets[split] = TokenWindows(stream, data.seq_len, stride=1 if split == "train" else data.seq_len)
 
     def test_dataloader(self) -> list[DataLoader]:
         """One loader per length factor; the batch shrinks as the blocks grow, so every
         batch holds the same number of tokens. Each process reads its own share of the
         blocks (ShardSampler; the module's metrics sum over the processes)."""
         seq_len, batch = self.cfg.data.seq_len, self.cfg.data.batch_size
-        return [self._blocks("test", f * seq_len, max(batch // f, 1), shard=True) for f in TEST_LENGTH_FACTORS]
-
-    def _blocks(self, split: str, length: int, batch_size: int, shard: bool = False) -> DataLoader:
-        windows = TokenWindows(self.streams[split], length, stride=length)
-        sampler = ShardSampler(len(windows)) if shard else None
-        return DataLoader(windows, batch_size=batch_size, sampler=sampler, shuffle=False,
-                          num_workers=self.cfg.data.num_workers)
+        return [self.eval_loader(TokenWindows(self.streams["test"], f * seq_len, stride=f * seq_len),
+                                 batch_size=max(batch // f, 1), shard=True)
+                for f in TEST_LENGTH_FACTORS]

@@ -8,6 +8,7 @@ partial cloud itself; pictures of partial / predicted / true clouds.
 
 from omegaconf import DictConfig
 
+from lavo_tasks.backbone import size_rules
 from lavo_tasks.config import check_rules
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
@@ -30,12 +31,9 @@ def check_config(cfg: DictConfig) -> None:
         ("data.n_input", data.n_input >= model.n_proxies,
          f">= model.n_proxies={model.n_proxies} (the proxies are input points)"),
         ("model.n_neighbors", 1 <= model.n_neighbors <= data.n_input, f"in [1, data.n_input={data.n_input}]"),
-        ("model.encoder_layers", model.encoder_layers >= 1, ">= 1"),
-        ("model.decoder_layers", model.decoder_layers >= 1, ">= 1"),
+        *size_rules(cfg),
         ("model.n_queries", model.n_queries >= 1, ">= 1"),
         ("model.fold_points", model.fold_points >= 1, ">= 1"),
-        ("model.d_ff", model.d_ff >= 1, ">= 1"),
-        ("model.dropout", 0 <= model.dropout < 1, "in [0, 1)"),
     ]
     check_rules(cfg, rules)
     if not all(isinstance(c, str) and c for c in data.categories):

@@ -1,11 +1,4 @@
-"""Data for point cloud completion: the PCN layout.
-
-    <root>/PCN.json                                  taxonomy and splits
-    <root>/{train,val,test}/complete/<synset>/<model>.pcd      the complete cloud (PCN: 16,384 points)
-    <root>/{train,val,test}/partial/<synset>/<model>/NN.pcd    partial views 00, 01, ... (PCN: 8 in train, 1 else)
-
-PCN.json is a list of categories, `{"taxonomy_id": "02691156", "taxonomy_name": "airplane",
-"train": [model ids], "val": [...], "test": [...]}`. Clouds are read with open3d.
+"""Data for point cloud completion: the PCN layout (pcn.py) -> training and evaluation items.
 
 - A training item is a model with one of its partial views drawn at random each time
   the model is drawn; validation and test items use view `00`.
@@ -30,76 +23,18 @@ The embedded default (`data.path: ""`, see shapes.py) is written in this layout 
 by this reader.
 """
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
-from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from tqdm import tqdm
 
-from ...data import StepBatchSampler
+from ...data import TaskDataModule
 from ...errors import ConfigError, DataError
-from ...open3d import load as load_open3d
-
-SPLITS = ("train", "val", "test")
-TAXONOMY_FILE = "PCN.json"
-HEADER_LINES = 12  # a PCD v0.7 header: VERSION ... DATA, plus a comment line
-
-
-def read_pcd(path: Path) -> np.ndarray:
-    """The points of a .pcd file, [N, 3] float32; DataError naming the file when it is
-    missing, unreadable or empty."""
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    o3d = load_open3d()
-    with o3d.utility.VerbosityContextManager(o3d.utility.VerbosityLevel.Error):
-        cloud = o3d.io.read_point_cloud(str(path), format="pcd")
-    points = np.asarray(cloud.points, dtype=np.float32)
-    if len(points) == 0:
-        raise DataError(f"{path}: no points read (an empty or unreadable PCD file)")
-    return points
-
-
-def write_pcd(path: Path, points: np.ndarray) -> None:
-    """Write points [N, 3] as a binary .pcd through open3d; a reader never sees half a
-    file (written to a temporary name beside it, then renamed)."""
-    o3d = load_open3d()
-    cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(points, dtype=np.float64)))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.pcd")
-    if not o3d.io.write_point_cloud(str(tmp), cloud):
-        raise OSError(f"{path}: open3d could not write the file")
-    tmp.replace(path)
-
-
-def pcd_point_count(path: Path) -> int:
-    """The POINTS of a .pcd file's header; DataError naming the file when it is missing,
-    has no PCD header, lacks x y z fields or holds no points."""
-    try:
-        with open(path, "rb") as f:
-            lines = []
-            while len(lines) < HEADER_LINES and (not lines or lines[-1][:1] != ["DATA"]):
-                lines.append(f.readline(256).decode("ascii", "replace").split())
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except OSError as err:
-        raise DataError(f"{path}: unreadable ({err.strerror})") from None
-    header = {line[0].upper(): line[1:] for line in lines if line and not line[0].startswith("#")}
-    if "POINTS" not in header or "DATA" not in header:
-        raise DataError(f"{path}: not a PCD file (no POINTS / DATA header lines)")
-    if not {"x", "y", "z"} <= set(header.get("FIELDS", [])):
-        raise DataError(f"{path}: the PCD fields are {' '.join(header.get('FIELDS', []))}, not x y z ...")
-    try:
-        count = int(header["POINTS"][0])
-    except (IndexError, ValueError):
-        raise DataError(f"{path}: POINTS {' '.join(header['POINTS'])} is not a number") from None
-    if count < 1:
-        raise DataError(f"{path}: an empty cloud (POINTS {count})")
-    return count
+from . import shapes
+from .pcn import SPLITS, TAXONOMY_FILE, pcd_point_count, read_pcd, read_taxonomy
 
 
 @dataclass(frozen=True)
@@ -114,27 +49,6 @@ class Sample:
     model: str
     complete: Path
     partials: tuple[Path, ...]  # the views in name order (00, 01, ...)
-
-
-def read_taxonomy(root: Path) -> list[dict]:
-    """PCN.json, checked: a list of {taxonomy_id, taxonomy_name, train, val, test}."""
-    path = root / TAXONOMY_FILE
-    if not path.is_file():
-        raise DataError(f"{path}: no such file; data.path must be a folder in the PCN layout")
-    try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise DataError(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(entries, list) or not entries:
-        raise DataError(f"{path}: expected a non-empty list of categories")
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not isinstance(entry.get("taxonomy_id"), str):
-            raise DataError(f"{path}: entry {i} has no taxonomy_id string")
-        for split in SPLITS:
-            models = entry.get(split, [])
-            if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-                raise DataError(f"{path}: entry {i} ({entry['taxonomy_id']}): {split!r} must be a list of model ids")
-    return entries
 
 
 def select_categories(entries: list[dict], wanted: list[str], root: Path) -> list[dict]:
@@ -217,31 +131,24 @@ class CompletionDataset(Dataset):
         }
 
 
-class PCNDataModule(L.LightningDataModule):
+class PCNDataModule(TaskDataModule):
     """Indexes and checks the PCN layout (or builds the embedded default) in `setup`;
-    `self.datasets[split]`, `self.categories`."""
+    `self.datasets[split]`, `self.categories`. Validation reads the split in a fixed
+    shuffled order, so that `trainer.limit_val_batches` takes every category."""
 
-    def __init__(self, cfg: DictConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.root = Path(cfg.data.path) if cfg.data.path else self.default_root(cfg)
-        self.datasets: dict[str, CompletionDataset] = {}
+    val_order_seed = 0
+    default_name = "primitives"
 
-    @staticmethod
-    def default_root(cfg: DictConfig) -> Path:
-        if not cfg.run.dir:
-            raise ConfigError("run.dir is empty: the default shapes (data.path='') are written under <run.dir>/data/")
-        return Path(cfg.run.dir) / "data" / "primitives"
+    def default_recipe(self) -> dict:
+        return shapes.recipe()
 
-    def prepare_data(self) -> None:
-        if not self.cfg.data.path:
-            from .shapes import ensure_default_dataset
-
-            ensure_default_dataset(self.root)
+    def write_default(self, path: Path) -> None:
+        shapes.write_default_dataset(path)
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
+        self.root = self.data_path()
         if not self.root.is_dir():
             raise DataError(f"{self.root}: no such folder")
         data = self.cfg.data
@@ -259,18 +166,3 @@ class PCNDataModule(L.LightningDataModule):
         self.prepare_data()
         self.setup("fit")
         return {"categories": [c.name for c in self.categories], "synsets": [c.synset for c in self.categories]}
-
-    def train_dataloader(self) -> DataLoader:
-        start_step = self.trainer.global_step if self.trainer is not None else 0
-        sampler = StepBatchSampler(len(self.datasets["train"]), self.cfg.data.batch_size, self.cfg.seed, start_step)
-        return DataLoader(self.datasets["train"], batch_sampler=sampler, num_workers=self.cfg.data.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        # A fixed shuffled order, so that `trainer.limit_val_batches` takes every category.
-        order = torch.randperm(len(self.datasets["val"]), generator=torch.Generator().manual_seed(0)).tolist()
-        return DataLoader(self.datasets["val"], batch_size=self.cfg.data.batch_size, sampler=order,
-                          num_workers=self.cfg.data.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.datasets["test"], batch_size=self.cfg.data.batch_size,
-                          num_workers=self.cfg.data.num_workers)

@@ -22,10 +22,10 @@ import torch
 from matplotlib.figure import Figure  # not pyplot: no global backend state is touched
 from omegaconf import DictConfig
 
-from ...config import site_attention
+from ...backbone import encoder_decoder_args
 from ...module import TaskModule
 from ...plots import attention_label, format_metrics, set_suptitle
-from .data import write_pcd
+from .pcn import write_pcd
 from .geometry import chamfer_l1_loss
 from .metrics import METRICS, CompletionScores, completion_metrics
 from .model import PoinTr
@@ -40,14 +40,8 @@ class CompletionModule(TaskModule):
         super().__init__(cfg)
         self.category_names = [re.sub(r"\W+", "_", name) for name in spec["categories"]]
         m = cfg.model
-        self.model = PoinTr(
-            d_model=m.d_model, n_heads=m.n_heads, n_proxies=m.n_proxies, n_neighbors=m.n_neighbors,
-            encoder_layers=m.encoder_layers, decoder_layers=m.decoder_layers, n_queries=m.n_queries,
-            fold_points=m.fold_points, d_ff=m.d_ff, dropout=m.dropout,
-            encoder_attention=site_attention(cfg, "encoder_attention"),
-            query_attention=site_attention(cfg, "query_attention"),
-            cross_attention=site_attention(cfg, "cross_attention"),
-        )
+        self.model = PoinTr(**encoder_decoder_args(cfg), n_proxies=m.n_proxies, n_neighbors=m.n_neighbors,
+                            n_queries=m.n_queries, fold_points=m.fold_points)
         self.model_scores = CompletionScores(self.category_names)
         self.partial_scores = CompletionScores(self.category_names)
 

@@ -19,21 +19,19 @@ threshold 0.01 means the same here.
   as in PCN. The views are sampled apart from the complete cloud, so a partial point is
   not a point of the truth (as in PCN, whose views are back-projected depth images).
 
-The data depend only on `DATA_SEED`, not on the run's seed. The folder is built in a
-temporary folder beside the target and renamed when complete; `BUILD_FILE` records what
-built it, and a folder written by another version of this builder is rebuilt.
+The data depend only on `recipe()` (`DATA_SEED` and the sizes, not the run's seed), and
+are built once per machine into the default-data cache (lavo_tasks.default_data).
 """
 
 import json
-import shutil
-import tempfile
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
 from ...open3d import load as load_open3d
-from .data import TAXONOMY_FILE, write_pcd
+from .pcn import TAXONOMY_FILE, write_pcd
 
 DATA_SEED = 2017
 COMPLETE_POINTS = 8192
@@ -42,9 +40,16 @@ VIEW_DISTANCE = 3.0
 RADIUS = 0.5
 MODELS = {"train": 25, "val": 4, "test": 6}  # per category
 VIEWS = {"train": 8, "val": 1, "test": 1}
-BUILD_FILE = "BUILD.json"
-BUILD = {"builder": "lavo_tasks.tasks.pcc.shapes", "version": 2, "seed": DATA_SEED, "complete_points": COMPLETE_POINTS,
-         "view_source_points": VIEW_SOURCE_POINTS, "models": MODELS, "views": VIEWS}
+BUILDER_VERSION = 2  # raise it when what write_default_dataset writes changes
+
+
+def recipe() -> dict:
+    """What the default shapes depend on: this builder's version and sizes, and the
+    open3d and numpy that sample them."""
+    return {"builder": "pcc.shapes", "version": BUILDER_VERSION, "seed": DATA_SEED,
+            "complete_points": COMPLETE_POINTS, "view_source_points": VIEW_SOURCE_POINTS,
+            "view_distance": VIEW_DISTANCE, "radius": RADIUS, "models": MODELS, "views": VIEWS,
+            "open3d": version("open3d"), "numpy": np.__version__}
 
 
 def _primitives(o3d, rng: np.random.Generator) -> dict:
@@ -96,7 +101,8 @@ def make_model(o3d, make_mesh, rng: np.random.Generator, n_views: int) -> tuple[
 
 
 def write_default_dataset(root: Path) -> None:
-    """Build the dataset into `root` (which must not exist)."""
+    """Build the dataset into `root` (which must not exist; lavo_tasks.default_data builds
+    it in a temporary folder and renames it when whole)."""
     o3d = load_open3d()
     rng = np.random.default_rng(DATA_SEED)
     primitives = _primitives(o3d, rng)
@@ -116,24 +122,3 @@ def write_default_dataset(root: Path) -> None:
                     bar.update()
             taxonomy.append(entry)
     (root / TAXONOMY_FILE).write_text(json.dumps(taxonomy, indent=1) + "\n", encoding="utf-8")
-    (root / BUILD_FILE).write_text(json.dumps(BUILD) + "\n", encoding="utf-8")
-
-
-def ensure_default_dataset(root: Path) -> None:
-    """The default dataset at `root`, built unless a complete build of this version is there."""
-    build_file = root / BUILD_FILE
-    if build_file.is_file():
-        try:
-            if json.loads(build_file.read_text()) == json.loads(json.dumps(BUILD)):
-                return
-        except json.JSONDecodeError:
-            pass
-    root.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
-    try:
-        write_default_dataset(building)
-        if root.exists():
-            shutil.rmtree(root)
-        building.rename(root)
-    finally:
-        shutil.rmtree(building, ignore_errors=True)

@@ -10,12 +10,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from lavo_tasks.backbone import size_rules
 from lavo_tasks.config import check_rules
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
 from lavo_tasks.text.tokenizer import check_tokenizer_keys
 
-from .data import FORMATS, split_files
+from .formats import FORMATS, split_files
 from .data import SummarizationDataModule as DataModule
 from .module import SummarizationModule as Module
 
@@ -34,10 +35,7 @@ def check_config(cfg: DictConfig) -> None:
         ("data.target_key", bool(data.target_key), "a key name"),
         ("data.max_source_len", data.max_source_len >= 1, ">= 1"),
         ("data.max_target_len", data.max_target_len >= 2, ">= 2 (a token and the end token)"),
-        ("model.encoder_layers", model.encoder_layers >= 1, ">= 1"),
-        ("model.decoder_layers", model.decoder_layers >= 1, ">= 1"),
-        ("model.d_ff", model.d_ff >= 1, ">= 1"),
-        ("model.dropout", 0 <= model.dropout < 1, "in [0, 1)"),
+        *size_rules(cfg),
         ("loss.label_smoothing", 0 <= cfg.loss.label_smoothing < 1, "in [0, 1)"),
         ("decode.beam", decode.beam >= 1, ">= 1 (1: greedy)"),
         ("decode.max_len", decode.max_len >= 1, ">= 1"),

@@ -18,13 +18,16 @@ val) is dropped from the later ones, so no document is in two splits. Sentences 
 `!` or `?` followed by a space and a capital letter.
 """
 
+import platform
 import re
 import zlib
 from pathlib import Path
 
 from lavo_tasks.text.corpus import stdlib_splits
 
-from .data import SPLITS, SEPARATOR, write_multi_news
+from .formats import SEPARATOR, SPLITS, write_multi_news
+
+BUILDER_VERSION = 1  # raise it when the examples made from the same docstrings change
 
 DOCUMENT_CHARS = 200
 SOURCE_CHARS = 640
@@ -81,9 +84,15 @@ def default_examples() -> dict[str, list[tuple[list[str], str]]]:
     return examples
 
 
+def recipe() -> dict:
+    """What the default examples depend on: this builder's version and sizes, and the
+    Python whose standard library they come from."""
+    return {"builder": "summarization.corpus", "version": BUILDER_VERSION, "document_chars": DOCUMENT_CHARS,
+            "source_chars": SOURCE_CHARS, "documents": [MIN_DOCUMENTS, MAX_DOCUMENTS],
+            "first_sentence_words": list(FIRST_SENTENCE_WORDS), "python": platform.python_version()}
+
+
 def write_default_dataset(folder: Path) -> None:
-    """The default examples as `{train,val,test}.src/.tgt` in `folder`, unless all six files are there."""
-    if all((folder / f"{split}{suffix}").is_file() for split in SPLITS for suffix in (".src", ".tgt")):
-        return
+    """The default examples as `{train,val,test}.src/.tgt` in `folder`."""
     for split, examples in default_examples().items():
         write_multi_news(folder, split, examples)

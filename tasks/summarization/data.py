@@ -1,17 +1,10 @@
 """Summarization data: the Multi-News layout or JSON lines -> token caches -> (source, target) pairs.
 
-Layouts of `data.path` (a folder), chosen by `data.format`:
-- `multi_news`: `{train,val,test}.src` and `.tgt`, one example per line, the line's
-  documents joined by `|||||` and newlines inside a text written as the token
-  `NEWLINE_CHAR` (as in the distributed Multi-News files);
-- `jsonl`: `{train,val,test}.jsonl`, one JSON object per line with the source under
-  `data.source_key` (a string, or a list of documents) and the summary under
-  `data.target_key` (a string); blank lines are skipped.
-`data.path: ""` writes the embedded default (tasks/summarization/corpus.py) once to
-`<run.dir>/data/` in the Multi-News layout, and the same reader loads it.
+`data.path` is a folder in one of the layouts of formats.py, chosen by `data.format`.
+`data.path: ""` reads the embedded default (corpus.py), written once per machine in the
+Multi-News layout into the default-data cache (lavo_tasks.default_data).
 
-The model's source text is the line's documents, each stripped, joined by
-`SEPARATOR`. Sources and targets are tokenized once per split into `data.token_cache`
+Sources and targets are tokenized once per split into `data.token_cache`
 (default `<run.dir>/tokens`) as two streams, each text followed by the end id, and
 memory-mapped from there (lavo_tasks.text.token_cache); an example's tokens are found by
 the end ids. Truncation happens when an example is read, so the cache serves every
@@ -24,125 +17,24 @@ untruncated tokens: the original text for the byte and trained BPE tokenizers; a
 tokenizer.json that normalises (lowercasing, say) gives its normalised text.
 """
 
-import json
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
-import lightning as L
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from lavo_tasks.data import ShardSampler, StepBatchSampler
-from lavo_tasks.errors import ConfigError, DataError
-from lavo_tasks.files import write_atomically
+from lavo_tasks.data import TaskDataModule
+from lavo_tasks.errors import DataError
 from lavo_tasks.text.token_cache import MappedStream, cached_token_stream, file_source
 from lavo_tasks.text.tokenizer import build_tokenizer, tokenizer_spec
 
-SPLITS = ("train", "val", "test")
-FORMATS = ("multi_news", "jsonl")
-DOCUMENT_SEPARATOR = "|||||"
-SEPARATOR = f" {DOCUMENT_SEPARATOR} "  # between the documents of a model's source text
-NEWLINE_TOKEN = "NEWLINE_CHAR"
+from . import corpus
+from .formats import count_lines, read_jsonl, read_multi_news, split_files
+
 # Part of the token cache's key: bump when what a line yields changes.
 _READER_VERSION = "summarization-reader-1"
-
-
-# -- the on-disk layouts -----------------------------------------------------------------
-
-def split_files(path: Path, fmt: str) -> dict[str, tuple[Path, ...]]:
-    """The files of each split: (src, tgt) for multi_news, (jsonl,) for jsonl. Only
-    that they exist is checked here; no file is read."""
-    if not path.is_dir():
-        raise DataError(f"data.path={path}: must be a folder of {{train,val,test}}.src/.tgt (multi_news) or .jsonl")
-    suffixes = (".src", ".tgt") if fmt == "multi_news" else (".jsonl",)
-    files = {split: tuple(path / f"{split}{suffix}" for suffix in suffixes) for split in SPLITS}
-    for paths in files.values():
-        for file in paths:
-            if not file.is_file():
-                raise DataError(f"{file}: missing; data.format={fmt} needs {{train,val,test}}{'/'.join(suffixes)}")
-    return files
-
-
-def _lines(file: Path) -> Iterator[tuple[int, str]]:
-    """(line number from 1, text without the line break) of a UTF-8 file."""
-    with open(file, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                yield number, raw.rstrip(b"\r\n").decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise DataError(f"{file}: line {number}: not UTF-8 (invalid byte at column {err.start + 1})") from None
-
-
-def count_lines(file: Path) -> int:
-    with open(file, "rb") as f:
-        return sum(1 for _ in f)
-
-
-def join_documents(documents: list[str]) -> str:
-    return SEPARATOR.join(documents)
-
-
-def multi_news_documents(line: str) -> list[str]:
-    """A Multi-News source line -> its documents (empty pieces, such as the one after a
-    trailing separator, dropped)."""
-    pieces = (piece.replace(NEWLINE_TOKEN, "\n").strip() for piece in line.split(DOCUMENT_SEPARATOR))
-    return [piece for piece in pieces if piece]
-
-
-def multi_news_summary(line: str) -> str:
-    return line.replace(NEWLINE_TOKEN, "\n").strip()
-
-
-def read_multi_news(file: Path, side: str) -> Iterator[str]:
-    """The model's texts of a .src (side "source") or .tgt ("target") file, in line order."""
-    for number, line in _lines(file):
-        text = join_documents(multi_news_documents(line)) if side == "source" else multi_news_summary(line)
-        if not text:
-            raise DataError(f"{file}: line {number}: empty {side} (every line must hold one example)")
-        yield text
-
-
-def read_jsonl(file: Path, key: str, side: str) -> Iterator[str]:
-    """The model's texts under `key` of a JSON-lines file: a source is a string or a list
-    of documents (joined by the separator), a target a string."""
-    for number, line in _lines(file):
-        if not line.strip():
-            continue
-        where = f"{file}: line {number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: not valid JSON ({err.msg.removesuffix(' at')} at column {err.colno})") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-        if key not in record:
-            raise DataError(f"{where}: no key {key!r} (data.{side}_key); the object has: {', '.join(record) or 'nothing'}")
-        value = record[key]
-        if side == "source" and isinstance(value, list) and all(isinstance(v, str) for v in value):
-            text = join_documents([v.strip() for v in value if v.strip()])
-        elif isinstance(value, str):
-            text = value.strip()
-        else:
-            allowed = "a string or a list of strings" if side == "source" else "a string"
-            raise DataError(f"{where}: key {key!r} holds {type(value).__name__}; expected {allowed}")
-        if not text:
-            raise DataError(f"{where}: key {key!r}: empty {side}")
-        yield text
-
-
-def write_multi_news(folder: Path, split: str, examples: list[tuple[list[str], str]]) -> None:
-    """Write (documents, summary) pairs as `<split>.src` / `<split>.tgt` in the Multi-News
-    layout (newlines as NEWLINE_CHAR)."""
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def line(text: str) -> str:
-        return text.replace("\r\n", "\n").replace("\n", f" {NEWLINE_TOKEN} ") + "\n"
-
-    src = "".join(line(f" {DOCUMENT_SEPARATOR} ".join(docs)) for docs, _ in examples).encode("utf-8")
-    tgt = "".join(line(summary) for _, summary in examples).encode("utf-8")
-    write_atomically(folder / f"{split}.src", lambda f: f.write(src))
-    write_atomically(folder / f"{split}.tgt", lambda f: f.write(tgt))
 
 
 # -- examples from the token streams -----------------------------------------------------
@@ -203,27 +95,22 @@ def collate(items: list[dict], eos_id: int) -> dict:
     return batch
 
 
-class SummarizationDataModule(L.LightningDataModule):
+class SummarizationDataModule(TaskDataModule):
+    """Tokenizes the splits in `setup`: `self.tokenizer`, `self.streams[split]` (source,
+    target) and `self.datasets[split]`, SummaryPairs (the test's with the texts)."""
+
+    default_name = "multi_news"
+
     def __init__(self, cfg: DictConfig):
-        super().__init__()
-        self.cfg = cfg
+        super().__init__(cfg)
         self.tokenizer = None
         self.streams: dict[str, tuple[MappedStream, MappedStream]] = {}
 
-    def data_folder(self) -> Path:
-        """data.path, or the embedded default's folder (written there first if missing)."""
-        if self.cfg.data.path:
-            return Path(self.cfg.data.path)
-        if not self.cfg.run.dir:
-            raise ConfigError("run.dir is empty: the embedded default (data.path='') is written under <run.dir>/data/")
-        from .corpus import write_default_dataset  # only the default needs the stdlib corpus
+    def default_recipe(self) -> dict:
+        return corpus.recipe()
 
-        folder = Path(self.cfg.run.dir) / "data"
-        write_default_dataset(folder)
-        return folder
-
-    def prepare_data(self) -> None:
-        self.data_folder()
+    def write_default(self, path: Path) -> None:
+        corpus.write_default_dataset(path)
 
     def setup(self, stage: str | None = None) -> None:
         """Read (if the cache misses), tokenize and check every split, once."""
@@ -231,7 +118,7 @@ class SummarizationDataModule(L.LightningDataModule):
             return
         data = self.cfg.data
         fmt = data.format if data.path else "multi_news"
-        files = split_files(self.data_folder(), fmt)
+        files = split_files(self.data_path(), fmt)
         readers = {split: self._readers(fmt, paths) for split, paths in files.items()}
         counts = {split: [count_lines(p) for p in paths] for split, paths in files.items()}
         for split, paths in files.items():
@@ -260,6 +147,7 @@ class SummarizationDataModule(L.LightningDataModule):
             )
             self._check_counts(split, paths, source, target)
             self.streams[split] = (source, target)
+            self.datasets[split] = self.dataset(split, texts=split == "test")
 
     def _readers(self, fmt: str, paths: tuple[Path, ...]) -> tuple[Callable, Callable]:
         """(source texts, target texts) of a split, each a function that reads them anew."""
@@ -299,22 +187,5 @@ class SummarizationDataModule(L.LightningDataModule):
         return SummaryPairs(source, target, self.tokenizer.eos_id, data.max_source_len, data.max_target_len,
                             tokenizer=self.tokenizer if texts else None)
 
-    def _collate(self, items: list[dict]) -> dict:
-        return collate(items, self.tokenizer.eos_id)
-
-    def train_dataloader(self) -> DataLoader:
-        pairs = self.dataset("train")
-        start_step = self.trainer.global_step if self.trainer is not None else 0
-        sampler = StepBatchSampler(len(pairs), self.cfg.data.batch_size, self.cfg.seed, start_step=start_step)
-        return DataLoader(pairs, batch_sampler=sampler, collate_fn=self._collate, num_workers=self.cfg.data.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.dataset("val"), batch_size=self.cfg.data.batch_size, shuffle=False,
-                          collate_fn=self._collate, num_workers=self.cfg.data.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        """Each process reads its own share of the test examples (ShardSampler; the
-        module's metrics sum over the processes)."""
-        pairs = self.dataset("test", texts=True)
-        return DataLoader(pairs, batch_size=self.cfg.data.batch_size, sampler=ShardSampler(len(pairs)), shuffle=False,
-                          collate_fn=self._collate, num_workers=self.cfg.data.num_workers)
+    def collate_fn(self) -> Callable:
+        return functools.partial(collate, eos_id=self.tokenizer.eos_id)

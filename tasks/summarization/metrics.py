@@ -14,7 +14,7 @@ import torch
 from rouge_score import rouge_scorer
 from torchmetrics import Metric
 
-from .data import DOCUMENT_SEPARATOR
+from .formats import DOCUMENT_SEPARATOR
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from lavo_tasks.config import site_attention
+from lavo_tasks.backbone import encoder_decoder_args
 from lavo_tasks.files import write_atomically
 from lavo_tasks.generation import generate
 from lavo_tasks.metrics import Mean, SumRatio
@@ -48,14 +48,7 @@ class SummarizationModule(TaskModule):
         super().__init__(cfg)
         self.tokenizer = tokenizer_from_spec(spec["tokenizer"])
         self.eos_id = spec["eos_id"]
-        m = cfg.model
-        self.model = Summarizer(
-            spec["vocab_size"], d_model=m.d_model, n_heads=m.n_heads, encoder_layers=m.encoder_layers,
-            decoder_layers=m.decoder_layers, d_ff=m.d_ff, dropout=m.dropout,
-            encoder_attention=site_attention(cfg, "encoder_attention"),
-            decoder_attention=site_attention(cfg, "decoder_attention"),
-            cross_attention=site_attention(cfg, "cross_attention"), cross_causal=m.cross_causal,
-        )
+        self.model = Summarizer(spec["vocab_size"], **encoder_decoder_args(cfg), cross_causal=cfg.model.cross_causal)
         stemming = cfg.metrics.rouge_stemming
         self.val_nll, self.test_nll = SumRatio(), SumRatio()  # NLL summed over tokens / tokens
         self.rouge, self.lead_rouge = Rouge(stemming), Rouge(stemming)

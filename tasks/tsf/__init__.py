@@ -8,6 +8,7 @@ MASE / sMAPE / ND through gluonts, forecast-vs-truth plots.
 import pandas as pd
 from omegaconf import DictConfig
 
+from lavo_tasks.backbone import size_rules
 from lavo_tasks.config import check_rules
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
@@ -25,10 +26,7 @@ def check_config(cfg: DictConfig) -> None:
         ("data.seq_len", data.seq_len >= 1, ">= 1"),
         ("data.pred_len", data.pred_len >= 1, ">= 1"),
         ("data.label_len", 0 <= data.label_len <= data.seq_len, f"in [0, data.seq_len={data.seq_len}]"),
-        ("model.encoder_layers", model.encoder_layers >= 1, ">= 1"),
-        ("model.decoder_layers", model.decoder_layers >= 1, ">= 1"),
-        ("model.d_ff", model.d_ff >= 1, ">= 1"),
-        ("model.dropout", 0 <= model.dropout < 1, "in [0, 1)"),
+        *size_rules(cfg),
         ("model.instance_norm", isinstance(model.instance_norm, bool), "true or false"),
     ]
     check_rules(cfg, rules)

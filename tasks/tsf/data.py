@@ -17,24 +17,24 @@ the decoder rows [i + L - label_len, i + L + pred_len): `label_len` known steps 
 `pred_len` steps to forecast. Every window of a slice is used (stride 1).
 
 The embedded default (`data.path: ""`) is a 14,400-row hourly series made with
-`gluonts.dataset.artificial` and written once to `<run.dir>/data/synthetic_hourly.csv`;
+`gluonts.dataset.artificial` and written once per machine to `synthetic_hourly.csv` in the
+default-data cache (lavo_tasks.default_data);
 the same reader loads it, and its length gives it the ETTh split. Like the ETT series,
 it drifts in level and scale between the splits (see write_default_csv).
 """
 
 import warnings
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pandas as pd
 import torch
 from gluonts.time_feature import get_seasonality
-from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from ...data import StepBatchSampler
+from ...data import TaskDataModule
 from ...errors import ConfigError, DataError
 from ...files import write_atomically
 from .metrics import seasonal_errors
@@ -48,6 +48,7 @@ ETT_MONTH_ROWS = 30 * 24  # an ETTh "month": 30 days of hourly rows
 ETT_LAYOUTS = {pd.Timedelta("1h"): 1, pd.Timedelta("15min"): 4}  # time step -> rows per hour
 
 DEFAULT_FILE = "synthetic_hourly.csv"
+DEFAULT_VERSION = 1  # of write_default_csv's output: raise it when the series it writes changes
 DEFAULT_ROWS = 14_400  # exactly the ETTh 12/4/4-month split
 DEFAULT_DATA_SEED = 2016  # the default series is the same for every run, whatever `seed`
 DRIFT_SCALE, DRIFT_LEVEL = 1.6, 1.5  # the default series' drift by its last row (write_default_csv)
@@ -243,28 +244,23 @@ class WindowDataset(Dataset):
         return item
 
 
-class TSFDataModule(L.LightningDataModule):
+class TSFDataModule(TaskDataModule):
     """Reads the file (or writes the default), splits, scales; `setup` makes
     `self.datasets[split]` and the facts of the data: `columns` (the input channels;
     `n_inputs` of them), `n_outputs` (channels forecast, the last `n_outputs` inputs),
     `mean` / `std` of the input channels, `raw` [rows, n_inputs] the unscaled values of
     the whole file, `dates` of its rows, `freq`. `spec()` is what of it the model is built from."""
 
-    def __init__(self, cfg: DictConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.path = Path(cfg.data.path) if cfg.data.path else self.default_path(cfg)
-        self.datasets: dict[str, WindowDataset] = {}
+    val_order_seed = VAL_ORDER_SEED
+    default_name = DEFAULT_FILE
 
-    @staticmethod
-    def default_path(cfg: DictConfig) -> Path:
-        if not cfg.run.dir:
-            raise ConfigError("run.dir is empty: the default series (data.path='') is written under <run.dir>/data/")
-        return Path(cfg.run.dir) / "data" / DEFAULT_FILE
+    def default_recipe(self) -> dict:
+        return {"builder": "tsf.write_default_csv", "version": DEFAULT_VERSION, "rows": DEFAULT_ROWS,
+                "seed": DEFAULT_DATA_SEED, "drift_scale": DRIFT_SCALE, "drift_level": DRIFT_LEVEL,
+                "gluonts": version("gluonts"), "numpy": np.__version__, "pandas": pd.__version__}
 
-    def prepare_data(self) -> None:
-        if not self.cfg.data.path and not self.path.exists():
-            write_default_csv(self.path)
+    def write_default(self, path: Path) -> None:
+        write_default_csv(path)
 
     def spec(self) -> dict:
         """`columns`: the input channels in order (encoder and decoder read them all);
@@ -279,6 +275,7 @@ class TSFDataModule(L.LightningDataModule):
         if self.datasets:
             return
         data = self.cfg.data
+        self.path = self.data_path()
         series = read_series_csv(self.path)
         if data.target not in series.columns:
             raise ConfigError(
@@ -322,20 +319,3 @@ class TSFDataModule(L.LightningDataModule):
         self.dates = series.dates
         self.columns = columns
         self.n_inputs, self.n_outputs = len(columns), n_outputs
-
-    def train_dataloader(self) -> DataLoader:
-        start_step = self.trainer.global_step if self.trainer is not None else 0
-        sampler = StepBatchSampler(len(self.datasets["train"]), self.cfg.data.batch_size, self.cfg.seed, start_step)
-        return DataLoader(self.datasets["train"], batch_sampler=sampler, num_workers=self.cfg.data.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        # A fixed shuffled order, so that `trainer.limit_val_batches` samples the whole
-        # validation period instead of its first days.
-        generator = torch.Generator().manual_seed(VAL_ORDER_SEED)
-        order = torch.randperm(len(self.datasets["val"]), generator=generator).tolist()
-        return DataLoader(
-            self.datasets["val"], batch_size=self.cfg.data.batch_size, sampler=order, num_workers=self.cfg.data.num_workers
-        )
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.datasets["test"], batch_size=self.cfg.data.batch_size, num_workers=self.cfg.data.num_workers)

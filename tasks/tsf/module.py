@@ -22,7 +22,7 @@ from matplotlib.dates import ConciseDateFormatter
 from matplotlib.figure import Figure  # not pyplot: no global backend state is touched
 from omegaconf import DictConfig
 
-from ...config import site_attention
+from ...backbone import encoder_decoder_args
 from ...module import TaskModule
 from ...plots import attention_label, format_metrics, save_figure
 from .baselines import LinearForecast, last_value_forecast
@@ -42,16 +42,9 @@ class TSFModule(TaskModule):
     def __init__(self, cfg: DictConfig, spec: dict):
         """spec: TSFDataModule.spec(), {"columns", "n_outputs", "mean", "std"}."""
         super().__init__(cfg)
-        m = cfg.model
         n_inputs, self.n_outputs = len(spec["columns"]), spec["n_outputs"]
-        self.model = Forecaster(
-            n_inputs, self.n_outputs, d_model=m.d_model, n_heads=m.n_heads,
-            encoder_layers=m.encoder_layers, decoder_layers=m.decoder_layers, d_ff=m.d_ff, dropout=m.dropout,
-            instance_norm=m.instance_norm,
-            encoder_attention=site_attention(cfg, "encoder_attention"),
-            decoder_attention=site_attention(cfg, "decoder_attention"),
-            cross_attention=site_attention(cfg, "cross_attention"),
-        )
+        self.model = Forecaster(n_inputs, self.n_outputs, **encoder_decoder_args(cfg),
+                                instance_norm=cfg.model.instance_norm)
         # Unscaling needs the output channels' scaler (the forecast channels are the last
         # n_outputs inputs); the unscaled truth and MASE's scale come with the test batches.
         self.mean = np.asarray(spec["mean"][-self.n_outputs:], dtype=np.float64)

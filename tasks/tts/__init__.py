@@ -8,8 +8,8 @@ attention's decode state, Griffin-Lim audio, MCD / MSD as fairseq's eval_sp comp
 from omegaconf import DictConfig
 
 from lavo_tasks.attention.base import is_int
+from lavo_tasks.backbone import size_rules
 from lavo_tasks.config import check_rules, site_attention
-from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
 
 from .audio import MelConfig
@@ -44,13 +44,10 @@ def check_config(cfg: DictConfig) -> None:
         ("data.frontend", data.frontend in FRONTENDS, f"one of {', '.join(FRONTENDS)}"),
         ("data.sample_rate", is_int(data.sample_rate) and data.sample_rate >= min_rate,
          f"an integer number of Hz >= {min_rate} (the mels reach {MelConfig.f_max:g} Hz)"),
-        ("model.encoder_layers", model.encoder_layers >= 1, ">= 1"),
-        ("model.decoder_layers", model.decoder_layers >= 1, ">= 1"),
-        ("model.d_ff", model.d_ff >= 1, ">= 1"),
+        *size_rules(cfg),
         ("model.conv_channels", model.conv_channels >= 1, ">= 1"),
         ("model.prenet_dim", model.prenet_dim >= 1, ">= 1"),
         ("model.n_frames_per_step", model.n_frames_per_step >= 1, ">= 1"),
-        ("model.dropout", 0 <= model.dropout < 1, "in [0, 1)"),
         ("model.text_position_rate", _rate(model.text_position_rate),
          "auto or a number > 0"),
         ("model.guided_attention", _number(model.guided_attention) and model.guided_attention >= 0, "a number >= 0"),

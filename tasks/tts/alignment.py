@@ -23,9 +23,15 @@ def softmax_cross_weights(block: SoftmaxAttention, x: torch.Tensor, context: tor
                           context_mask: torch.Tensor | None) -> torch.Tensor:
     """The weights [B, H, N, L] that `block` (a cross-attention) gives queries x [B, N, D]
     over context [B, L, D]: scaled dot products, CC's j <= n where the block is causal,
-    padded keys (context_mask False) excluded; a query with no key at all gets zeros."""
-    q = block._queries(x, 0)  # [B, H, N, d]
-    k, _ = block._keys_values(context, 0)  # [B, H, L, d]
+    padded keys (context_mask False) excluded; a query with no key at all gets zeros.
+
+    The queries and keys are the block's own projections, as its forward makes them for
+    cross-attention (no rotary positions there); the values are not needed."""
+    if not block.cross:
+        raise ValueError("softmax_cross_weights: the block is a self-attention, not a cross-attention")
+    keys, _ = block.kv_proj(context).chunk(2, dim=-1)
+    q = block.split_heads(block.q_proj(x)).transpose(1, 2)  # [B, N, D] -> [B, H, N, d]
+    k = block.split_heads(keys).transpose(1, 2)  # [B, L, D] -> [B, H, L, d]
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # [B, H, N, L]
     n, length = scores.shape[-2:]
     allowed = torch.ones(n, length, dtype=torch.bool, device=scores.device)

@@ -16,32 +16,34 @@ time: a wav that changes is read again. The mels are normalised per band with th
 and standard deviation of every training frame.
 
 The embedded default (`data.path: ""`) is 400 sentences spoken by espeak-ng
-(`speech.py`), written once to `<run.dir>/data/espeak/` and read by the same code.
+(`speech.py`), written once per machine into the default-data cache
+(lavo_tasks.default_data) and read by the same code; its features are cached beside it
+unless `data.feature_cache` names a folder (with `data.path` set, that folder defaults to
+`<run.dir>/features`).
 """
 
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning as L
 import torch
 from omegaconf import DictConfig
 from torch.nn.utils.rnn import pad_sequence
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from tqdm import tqdm
 
-from ...data import StepBatchSampler
+from ...data import TaskDataModule
+from ...default_data import cache_root, recipe_key
 from ...errors import ConfigError, DataError
 from ...files import write_atomically
+from . import speech
 from .audio import LogMel, MelConfig, read_wav
-from .speech import write_default_dataset
 from .text import PAD, build_vocabulary, encode, normalize, to_symbols
 
 SPLITS = ("train", "val", "test")
 HELD_OUT_FRACTION = 0.05  # of a seeded split, for validation and again for test
 _LJ_ID = re.compile(r"LJ\d{3}-\d{4}")
 _LJ_TEST, _LJ_VAL = ("LJ001", "LJ002"), ("LJ003",)
-DEFAULT_FOLDER = "espeak"
 
 
 @dataclass(frozen=True)
@@ -182,35 +184,41 @@ def collate(items: list[dict]) -> dict[str, torch.Tensor]:
     }
 
 
-class TTSDataModule(L.LightningDataModule):
+class TTSDataModule(TaskDataModule):
     """Reads (or writes) the data, extracts the features; `setup` makes
     `self.datasets[split]`, `self.utterances[split]` and the facts `spec()` hands the model."""
 
+    default_name = "espeak"
+
     def __init__(self, cfg: DictConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.root = Path(cfg.data.path) if cfg.data.path else self._under_run_dir(cfg, "data", DEFAULT_FOLDER)
-        cache = cfg.data.feature_cache
-        self.cache_folder = Path(cache) if cache else self._under_run_dir(cfg, "features")
+        super().__init__(cfg)
         self.mel = MelConfig(sample_rate=cfg.data.sample_rate)
-        self.datasets: dict[str, TTSDataset] = {}
 
-    @staticmethod
-    def _under_run_dir(cfg: DictConfig, *parts: str) -> Path:
-        if not cfg.run.dir:
-            raise ConfigError("run.dir is empty: the tts default data and feature cache are written under <run.dir>/")
-        return Path(cfg.run.dir).joinpath(*parts)
+    def default_recipe(self) -> dict:
+        return speech.recipe()
 
-    def prepare_data(self) -> None:
-        if not self.cfg.data.path and not (self.root / "metadata.csv").is_file():
-            write_default_dataset(self.root)
+    def write_default(self, path: Path) -> None:
+        speech.write_default_dataset(path)
+
+    def feature_folder(self) -> Path:
+        """data.feature_cache; else beside the default data in the cache, or
+        `<run.dir>/features` for data.path's."""
+        if self.cfg.data.feature_cache:
+            return Path(self.cfg.data.feature_cache)
+        if not self.cfg.data.path:
+            return cache_root() / self.cfg.task / f"{recipe_key(self.default_recipe())}-features"
+        if not self.cfg.run.dir:
+            raise ConfigError("run.dir is empty: the features of data.path are cached under <run.dir>/features "
+                              "unless data.feature_cache names a folder")
+        return Path(self.cfg.run.dir) / "features"
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
+        self.root = self.data_path()
         utterances = read_metadata(self.root)
         self.utterances = split_utterances(utterances, self.cfg.data.split_seed)
-        mels = FeatureCache(self.cache_folder, self.mel).load(utterances)
+        mels = FeatureCache(self.feature_folder(), self.mel).load(utterances)
 
         symbols = dict(zip((u.id for u in utterances), to_symbols([u.text for u in utterances], self.cfg.data.frontend)))
         self.vocabulary = build_vocabulary(symbols[u.id] for u in self.utterances["train"])
@@ -240,16 +248,5 @@ class TTSDataModule(L.LightningDataModule):
                     "f_min": m.f_min, "f_max": m.f_max},
         }
 
-    def train_dataloader(self) -> DataLoader:
-        start_step = self.trainer.global_step if self.trainer is not None else 0
-        sampler = StepBatchSampler(len(self.datasets["train"]), self.cfg.data.batch_size, self.cfg.seed, start_step)
-        return DataLoader(self.datasets["train"], batch_sampler=sampler, collate_fn=collate,
-                          num_workers=self.cfg.data.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.datasets["val"], batch_size=self.cfg.data.batch_size, collate_fn=collate,
-                          num_workers=self.cfg.data.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.datasets["test"], batch_size=self.cfg.data.batch_size, collate_fn=collate,
-                          num_workers=self.cfg.data.num_workers)
+    def collate_fn(self):
+        return collate

@@ -34,7 +34,7 @@ from matplotlib.figure import Figure  # not pyplot: no global backend state is t
 from omegaconf import DictConfig
 
 from ...attention.softmax import SoftmaxAttention
-from ...config import site_attention
+from ...backbone import encoder_decoder_args
 from ...generation import generate_frames
 from ...metrics import Mean, SumRatio
 from ...module import TaskModule
@@ -59,13 +59,9 @@ class TTSModule(TaskModule):
             rate = spec["frames_per_symbol"] / m.n_frames_per_step
         self.mel_config = MelConfig(**spec["mel"])
         self.model = TransformerTTS(
-            len(spec["vocabulary"]), self.mel_config.n_mels, d_model=m.d_model, n_heads=m.n_heads,
-            encoder_layers=m.encoder_layers, decoder_layers=m.decoder_layers, d_ff=m.d_ff, dropout=m.dropout,
+            len(spec["vocabulary"]), self.mel_config.n_mels, **encoder_decoder_args(cfg),
             conv_channels=m.conv_channels, prenet_dim=m.prenet_dim, n_frames_per_step=m.n_frames_per_step,
-            encoder_attention=site_attention(cfg, "encoder_attention"),
-            decoder_attention=site_attention(cfg, "decoder_attention"),
-            cross_attention=site_attention(cfg, "cross_attention"), cross_causal=m.cross_causal,
-            text_position_rate=float(rate),
+            cross_causal=m.cross_causal, text_position_rate=float(rate),
         )
         # Saved with the checkpoint: the run's normalisation of the mels.
         self.register_buffer("mel_mean", torch.tensor(spec["mel_mean"]))

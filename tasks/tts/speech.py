@@ -15,10 +15,12 @@ commas, a final full stop), ordered by a CRC of their text and cut at
 
 import ctypes
 import functools
+import platform
 import re
 import shutil
 import tempfile
 import zlib
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,7 @@ from ...errors import ConfigError
 from ...files import write_atomically
 
 DEFAULT_UTTERANCES = 400
+BUILDER_VERSION = 1  # raise it when what write_default_dataset writes from the same sentences changes
 DEFAULT_VOICE = "en-us"
 SAMPLE_RATE = 22_050
 WORDS = (4, 10)  # a sentence's word count, inclusive bounds: one to three seconds of speech
@@ -125,6 +128,14 @@ def default_sentences(count: int = DEFAULT_UTTERANCES) -> tuple[str, ...]:
 
 def utterance_id(index: int) -> str:
     return f"espeak-{index + 1:04d}"
+
+
+def recipe() -> dict:
+    """What the default dataset depends on: this builder's version and sizes, the Python
+    whose docstrings give the sentences, and the espeak-ng that speaks them."""
+    return {"builder": "tts.speech", "version": BUILDER_VERSION, "utterances": DEFAULT_UTTERANCES,
+            "voice": DEFAULT_VOICE, "sample_rate": SAMPLE_RATE, "words": list(WORDS),
+            "python": platform.python_version(), "espeakng-loader": version("espeakng-loader")}
 
 
 def write_default_dataset(root: Path, count: int = DEFAULT_UTTERANCES) -> None:

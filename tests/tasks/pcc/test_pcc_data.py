@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 
 from lavo_tasks.config import compose, validate
 from lavo_tasks.errors import ConfigError, DataError
-from lavo_tasks.tasks.pcc.data import PCNDataModule, pcd_point_count, read_pcd, resample, write_pcd
+from lavo_tasks.tasks.pcc.data import PCNDataModule, resample
+from lavo_tasks.tasks.pcc.pcn import pcd_point_count, read_pcd, write_pcd
 
 from pcn_layout import SMALL, VIEW_OFFSET, cloud, write_layout
 

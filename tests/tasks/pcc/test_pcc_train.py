@@ -9,28 +9,23 @@ import torch
 
 from lavo_tasks import train
 from lavo_tasks.config import compose
-from lavo_tasks.tasks.pcc.data import PCNDataModule, read_pcd
+from lavo_tasks.tasks.pcc.data import PCNDataModule
+from lavo_tasks.tasks.pcc.pcn import read_pcd
 
 from pcn_layout import SMALL, write_layout
+from tiny import ATTENTIONS, ENCODER_DECODER, attention_args
 
-TINY = ["data.n_input=16", "data.n_gt=32", "data.n_gt_eval=48", "data.batch_size=2", "model.d_model=16", "model.n_heads=2",
-        "model.n_proxies=8", "model.n_neighbors=4", "model.encoder_layers=1", "model.decoder_layers=1",
-        "model.n_queries=4", "model.fold_points=4", "model.d_ff=32", "trainer.max_steps=2",
+TINY = ["data.n_input=16", "data.n_gt=32", "data.n_gt_eval=48", "data.batch_size=2", *ENCODER_DECODER,
+        "model.n_proxies=8", "model.n_neighbors=4", "model.n_queries=4", "model.fold_points=4", "trainer.max_steps=2",
         "trainer.val_check_interval=2", "trainer.enable_progress_bar=false"]
-ATTENTION_ARGS = {
-    "softmax": [],
-    "lavo": ["attention.window=4", "attention.rank=4"],
-    "gsa": ["attention.slots=8"],
-    "local": ["attention.window=4", "model.cross_attention=softmax"],  # local has no cross pattern
-}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attention", list(ATTENTION_ARGS))
+@pytest.mark.parametrize("attention", ATTENTIONS)
 def test_train_a_few_steps(tmp_path, attention):
     root = write_layout(tmp_path / "pcn", SMALL)
     args = ["task=pcc", f"attention={attention}", f"data.path={root}", f"run.dir={tmp_path / 'run'}", *TINY,
-            *ATTENTION_ARGS[attention]]
+            *attention_args(attention, window=4, slots=8)]
     assert train.main(args) == 0
     run = tmp_path / "run"
     metrics = json.loads((run / "metrics.json").read_text())

@@ -11,6 +11,7 @@ from lavo_tasks.errors import ConfigError, DataError
 from lavo_tasks.tasks import summarization
 from lavo_tasks.tasks.summarization import corpus
 from lavo_tasks.tasks.summarization import data as sdata
+from lavo_tasks.tasks.summarization import formats
 
 EOS = 256  # the byte tokenizer's end id
 
@@ -28,7 +29,7 @@ def tiny_cfg(tmp_path, *extra):
 def write_multi_news(folder, splits):
     """splits: {split: (src text, tgt text)} written verbatim; the other splits get one example."""
     folder.mkdir(parents=True, exist_ok=True)
-    for split in sdata.SPLITS:
+    for split in formats.SPLITS:
         src, tgt = splits.get(split, ("a document ||||| another one\n", "a summary\n"))
         (folder / f"{split}.src").write_bytes(src.encode() if isinstance(src, str) else src)
         (folder / f"{split}.tgt").write_bytes(tgt.encode() if isinstance(tgt, str) else tgt)
@@ -104,7 +105,7 @@ def test_splits_come_from_the_token_cache_and_a_later_run_reads_no_text(tmp_path
 
     monkeypatch.setattr(sdata, "read_multi_news", no_reading)
     second = loaded(tiny_cfg(tmp_path / "b", f"data.path={folder}", f"data.token_cache={cache}"))
-    for split in sdata.SPLITS:
+    for split in formats.SPLITS:
         for a, b in zip(first.streams[split], second.streams[split]):
             assert torch.equal(a.tensor, b.tensor)
 
@@ -189,7 +190,7 @@ def test_default_examples_are_multi_document_and_the_summary_is_each_first_sente
     lead_is_summary = 0
     for documents, summary in examples["train"] + examples["test"]:
         assert corpus.MIN_DOCUMENTS <= len(documents) <= corpus.MAX_DOCUMENTS
-        assert len(sdata.join_documents(documents)) <= corpus.SOURCE_CHARS or len(documents) == corpus.MIN_DOCUMENTS
+        assert len(formats.join_documents(documents)) <= corpus.SOURCE_CHARS or len(documents) == corpus.MIN_DOCUMENTS
         firsts = [corpus.sentences(d)[0] for d in documents]
         assert summary == " ".join(firsts)
         assert all(len(corpus.sentences(d)) >= 2 for d in documents)  # a document is more than its summary
@@ -210,13 +211,14 @@ def test_sentences_split_at_an_end_mark_before_a_capital():
 def test_the_default_is_written_once_in_the_multi_news_layout(tmp_path):
     cfg = tiny_cfg(tmp_path)
     dm = loaded(cfg)
-    folder = tmp_path / "run" / "data"
+    folder = dm.data_path()
+    assert not (tmp_path / "run" / "data").exists()  # in the default-data cache, not the run folder
     examples = corpus.default_examples()
     assert (folder / "test.src").read_text().count("\n") == len(examples["test"])
     test = dm.dataset("test", texts=True)
     assert len(test) == len(examples["test"])
-    assert test[0]["source_text"] == sdata.join_documents(examples["test"][0][0])
+    assert test[0]["source_text"] == formats.join_documents(examples["test"][0][0])
     assert test[0]["reference"] == examples["test"][0][1]
     mtime = (folder / "train.src").stat().st_mtime_ns
-    corpus.write_default_dataset(folder)
-    assert (folder / "train.src").stat().st_mtime_ns == mtime
+    again = loaded(tiny_cfg(tmp_path / "second"))  # another run reads the same build
+    assert again.data_path() == folder and (folder / "train.src").stat().st_mtime_ns == mtime

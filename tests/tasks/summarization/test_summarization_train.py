@@ -10,16 +10,11 @@ from rouge_score import rouge_scorer
 
 from lavo_tasks import evaluate, train
 
-TINY = ["task=summarization", "model.d_model=16", "model.n_heads=2", "model.encoder_layers=1",
-        "model.decoder_layers=1", "model.d_ff=32", "data.tokenizer=byte", "data.batch_size=4",
+from tiny import ATTENTIONS, ENCODER_DECODER, attention_args
+
+TINY = ["task=summarization", *ENCODER_DECODER, "data.tokenizer=byte", "data.batch_size=4",
         "decode.max_len=12", "decode.beam=2", "trainer.max_steps=3", "trainer.val_check_interval=3",
         "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false"]
-ATTENTION_ARGS = {
-    "softmax": [],
-    "local": ["attention.window=4", "model.cross_attention=softmax"],
-    "lavo": ["attention.window=4", "attention.rank=4"],
-    "gsa": ["attention.slots=5"],
-}
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
 
@@ -38,10 +33,10 @@ def write_dataset(folder):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attention", list(ATTENTION_ARGS))
+@pytest.mark.parametrize("attention", ATTENTIONS)
 def test_train_few_steps_and_test(tmp_path, attention):
     data, run_dir = write_dataset(tmp_path / "data"), tmp_path / attention
-    metrics = train.run([*TINY, f"attention={attention}", *ATTENTION_ARGS[attention], f"data.path={data}",
+    metrics = train.run([*TINY, f"attention={attention}", *attention_args(attention, window=4, slots=5), f"data.path={data}",
                          f"run.dir={run_dir}"])
     names = {"test_loss", "test_generated_len", "test_reference_len",
              *(f"test_{p}rouge{k}" for p in ("", "lead_") for k in ("1", "2", "L"))}

@@ -163,7 +163,7 @@ def check_run(run_dir: Path, metrics: dict) -> None:
     assert expected <= set(metrics) and all(np.isfinite(v) for v in metrics.values())
     assert json.loads((run_dir / "metrics.json").read_text()) == pytest.approx(metrics)
     assert (run_dir / "artifacts" / "forecasts.png").is_file()
-    assert (run_dir / "data" / "synthetic_hourly.csv").is_file()
+    assert not (run_dir / "data").exists()  # the default series is read from the default-data cache
 
 
 @pytest.mark.slow

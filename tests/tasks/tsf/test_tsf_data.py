@@ -10,6 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from lavo_tasks.config import compose, validate
+from lavo_tasks.default_data import cache_root
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.tasks import tsf
 from lavo_tasks.tasks.tsf.data import TSFDataModule, read_series_csv, split_borders, time_features, write_default_csv
@@ -106,8 +107,8 @@ def test_default_series_written_once_and_read_back(tmp_path):
     state = np.random.get_state()
     dm = setup(config(tmp_path))
     assert np.array_equal(np.random.get_state()[1], state[1])  # gluonts' seeding is undone
-    path = tmp_path / "run" / "data" / "synthetic_hourly.csv"
-    assert dm.path == path and path.is_file()
+    path = dm.data_path()
+    assert dm.path == path and path.is_file() and path.is_relative_to(cache_root())  # the cache, not the run folder
     series = read_series_csv(path)
     assert len(series.dates) == 14_400 and series.columns[-1] == "OT" and dm.freq == "h"
     assert np.isfinite(series.values).all() and series.values.std(axis=0).min() > 0.5

@@ -10,15 +10,10 @@ import soundfile as sf
 from lavo_tasks import train
 from lavo_tasks.errors import ConfigError
 
-TINY = ["model.d_model=16", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1", "model.d_ff=32",
-        "model.conv_channels=16", "model.prenet_dim=16", "data.batch_size=4", "decode.max_frames=24",
+from tiny import ATTENTIONS, ENCODER_DECODER, attention_args
+
+TINY = [*ENCODER_DECODER, "model.conv_channels=16", "model.prenet_dim=16", "data.batch_size=4", "decode.max_frames=24",
         "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.enable_progress_bar=false"]
-ATTENTION_ARGS = {
-    "softmax": [],
-    "lavo": ["attention.window=8", "attention.rank=4"],
-    "gsa": ["attention.slots=8"],
-    "local": ["attention.window=8", "model.cross_attention=softmax"],  # local has no cross pattern
-}
 METRICS = {"test_loss", "test_mcd", "test_msd", "test_baseline_mcd", "test_baseline_msd", "test_length_ratio"}
 
 
@@ -38,11 +33,11 @@ def dataset(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(ATTENTION_ARGS))
+@pytest.mark.parametrize("name", ATTENTIONS)
 def test_train_and_synthesise(name, dataset, tmp_path):
     run_dir = tmp_path / name
     metrics = train.run(["task=tts", f"attention={name}", f"run.dir={run_dir}", f"data.path={dataset}",
-                         *TINY, *ATTENTION_ARGS[name]])
+                         *TINY, *attention_args(name, window=8, slots=8)])
     assert set(metrics) >= METRICS and all(np.isfinite(v) for v in metrics.values())
     assert metrics["test_mcd"] > 0 and metrics["test_baseline_mcd"] > 0
     assert json.loads((run_dir / "metrics.json").read_text()) == pytest.approx(metrics)
