@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .errors import ConfigError
+
 _PLAIN = (int, float, bool, str, type(None))
 CHECK_EVERY = 16  # tokens between two reads of the end flag on CUDA (each read waits for the GPU)
 
@@ -146,6 +148,17 @@ def use_cuda_graph(cuda_graph: bool | None, device: torch.device) -> bool:
     if cuda_graph and device.type != "cuda":
         raise ValueError(f"cuda_graph=True: CUDA graphs need a CUDA device, the inputs are on {device.type}")
     return cuda_graph
+
+
+def check_cuda_graph_key(key: str, value, accelerator: str) -> None:
+    """A task's cuda_graph key (`key` names it, e.g. decode.cuda_graph): null (true on
+    CUDA), true or false; true needs a CUDA GPU here and trainer.accelerator not cpu.
+    ConfigError naming the key, before any work."""
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r}: must be true, false or null (null: true on CUDA)")
+    if value and (accelerator == "cpu" or not torch.cuda.is_available()):
+        where = "trainer.accelerator=cpu" if accelerator == "cpu" else "no CUDA GPU here"
+        raise ConfigError(f"{key}=true: CUDA graphs need a CUDA GPU ({where}); use null or false")
 
 
 def _notice(message: str) -> None:
@@ -599,5 +612,5 @@ class _FrameSearch:
         return Frames(self.frames[:, :steps], self.stop_probs[:, :steps], lengths)
 
 
-__all__ = ["Frames", "Generated", "beam_search", "generate", "generate_frames", "reorder", "static_state",
-           "use_cuda_graph"]
+__all__ = ["Frames", "Generated", "beam_search", "check_cuda_graph_key", "generate", "generate_frames", "reorder",
+           "static_state", "use_cuda_graph"]

@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lavo_tasks.errors import ConfigError
+from lavo_tasks.generation import check_cuda_graph_key
 from lavo_tasks.task import Task
 from lavo_tasks.text.tokenizer import check_tokenizer_keys
 
@@ -37,6 +38,7 @@ def check_config(cfg: DictConfig) -> None:
     for key, ok, allowed in rules:
         if not ok:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)}: must be {allowed}")
+    check_cuda_graph_key("generate.cuda_graph", cfg.generate.cuda_graph, cfg.trainer.accelerator)
     check_tokenizer_keys(cfg.data)
     if cfg.data.token_cache and Path(cfg.data.token_cache).is_file():
         raise ConfigError(f"data.token_cache={cfg.data.token_cache}: a file; it must name a folder (made if missing)")
