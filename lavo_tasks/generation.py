@@ -44,13 +44,14 @@ def reorder(state, index: Tensor):
 
     Beam search calls it to follow the surviving hypotheses, and to expand a batch of B
     rows to B * beam (index = arange(B).repeat_interleave(beam)). A tensor broadcast over
-    the batch (stride 0 in dim 0, all rows one) stays a broadcast view of N rows.
+    the batch (stride 0 in dim 0, all rows one), or of one row, becomes a broadcast view
+    of N rows (a beam search over one sequence never copies what its hypotheses share).
     """
     if isinstance(state, Tensor):
         if state.dim() == 0:
             return state
         index = index.to(state.device)
-        if state.stride(0) == 0:
+        if state.shape[0] == 1 or state.stride(0) == 0:  # every row the same: a view, no copy
             return state[:1].expand(len(index), *state.shape[1:])
         return state.index_select(0, index)
     if isinstance(state, tuple) and hasattr(state, "_fields"):  # a NamedTuple
@@ -107,20 +108,28 @@ def static_state(state, *, room: int, device):
     return convert(state)
 
 
-def _own_changing(static, probe):
-    """`static` with every tensor that a step replaces (in `probe`, the state a step
-    returned from it: a different object) cloned, so that copying the steps' results into
-    it in place never writes into a tensor the caller still holds. A tensor broadcast over
-    the batch never changes and is kept as it is."""
-    replace = {id(old) for old, new in zip(_leaves(static), _leaves(probe), strict=True)
-               if isinstance(old, Tensor) and old is not new and not _broadcast(old)}
-    return _map(lambda part: part.clone() if isinstance(part, Tensor) and id(part) in replace else part, static)
+def own_buffers(static, step: Callable, parents: Tensor | None = None) -> tuple[object, list[bool]]:
+    """Run one step (`step(state) -> new state`) on `static` (reordered by `parents`
+    first, if given) to see which tensors a step changes: those it replaces or writes
+    in place. Returns (`static` with every replaced tensor cloned, so that copying the
+    steps' results into it never writes into a tensor the caller still holds; a flag a
+    leaf, True where the step changes it). The rest (a cross-attention source, a basis)
+    is read by every step and never changes: beam search never reorders it, since a
+    beam's hypotheses share it (their rows were equal at the expansion and stay so)."""
+    passed = static if parents is None else reorder(static, parents)
+    before = [leaf._version if isinstance(leaf, Tensor) else None for leaf in _leaves(passed)]
+    after = _leaves(step(passed))
+    replaced = [isinstance(p, Tensor) and p is not n for p, n in zip(_leaves(passed), after, strict=True)]
+    written = [isinstance(p, Tensor) and p._version != v for p, v in zip(_leaves(passed), before, strict=True)]
+    flags = iter(replaced)
+    owned = _map(lambda leaf: leaf.clone() if next(flags) else leaf, static)
+    return owned, [r or w for r, w in zip(replaced, written, strict=True)]
 
 
-def _broadcast(tensor: Tensor) -> bool:
-    """A tensor broadcast over the batch (stride 0 in dim 0): one value for every row,
-    which a step passes on and `reorder` re-expands, never changes."""
-    return tensor.dim() > 0 and tensor.stride(0) == 0
+def reorder_changing(state, index: Tensor, changing: list[bool]):
+    """`reorder(state, index)` on the leaves flagged in `changing` only."""
+    flags = iter(changing)
+    return _map(lambda leaf: reorder(leaf, index) if next(flags) else leaf, state)
 
 
 def _store(static, new) -> None:
@@ -128,7 +137,7 @@ def _store(static, new) -> None:
     returned as it was is skipped; plain values must not change)."""
     for old, value in zip(_leaves(static), _leaves(new), strict=True):
         if isinstance(old, Tensor):
-            if value is not old and not _broadcast(old):
+            if value is not old:
                 if value.shape != old.shape:
                     raise ValueError(f"decode state: a step changed a tensor's shape {tuple(old.shape)} -> "
                                      f"{tuple(value.shape)}; a growing state needs a with_room method")
@@ -256,7 +265,8 @@ def generate(step: Callable, state, prefix: Tensor, *, max_len: int, min_len: in
                            pad_id=pad_id, length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
                            max_positions=max_positions, cuda_graph=captured)
     if captured and temperature > 0 and generator is not None and generator.device.type != "cuda":
-        _notice(f"cuda_graph: sampling with a generator on {generator.device.type} cannot be captured; decoding eagerly")
+        _notice(f"cuda_graph: sampling with a generator on {generator.device.type} cannot be captured; "
+                "decoding eagerly")
         captured = False
     logits, state = step(prefix, state)
     rules = _Rules(min_len, eos_id, no_repeat_ngram)
@@ -355,13 +365,10 @@ class _TokenSearch:
         self.count = torch.zeros((), dtype=torch.long, device=device)
         self.token = torch.zeros(rows, 1, dtype=torch.long, device=device)
         state = static_state(state, room=max_len, device=device)
-        self.state = _own_changing(state, self._probe(state))
-
-    def _probe(self, state):
-        return self.step(self.token, state if self.parents is None else reorder(state, self.parents))[1]
+        self.state, self.changing = own_buffers(state, lambda s: self.step(self.token, s)[1], self.parents)
 
     def _step(self):
-        state = self.state if self.parents is None else reorder(self.state, self.parents)
+        state = self.state if self.parents is None else reorder_changing(self.state, self.parents, self.changing)
         return self.step(self.token, state)
 
     def warm(self) -> None:
@@ -450,8 +457,9 @@ def beam_search(step: Callable, state, prefix: Tensor, *, beam: int, max_len: in
     captured = use_cuda_graph(cuda_graph, prefix.device)
     logits, state = step(prefix, state)
     expand = torch.arange(prefix.shape[0], device=prefix.device).repeat_interleave(beam)  # B -> B * beam rows
-    search = _Beam(step, reorder(state, expand), logits[expand, -1], prefix[expand], _Rules(min_len, eos_id, no_repeat_ngram),
-                   beam=beam, max_len=max_len, pad_id=pad_id, length_penalty=length_penalty)
+    rules = _Rules(min_len, eos_id, no_repeat_ngram)
+    search = _Beam(step, reorder(state, expand), logits[expand, -1], prefix[expand], rules, beam=beam,
+                   max_len=max_len, pad_id=pad_id, length_penalty=length_penalty)
     search.choose()
     _run(search, max_len - 1, captured=captured, check_every=_check_every(prefix.device))
     return search.result()
@@ -496,7 +504,8 @@ class _Beam(_TokenSearch):
         candidates = (self.beam_scores.reshape(-1, 1) + logprobs).view(batch, k * vocab)
         top_scores, top_index = candidates.topk(2 * k, dim=1)  # [B, 2 beam], best first
         source, token = top_index // vocab, top_index % vocab
-        is_eos = token == self.rules.eos_id if self.rules.eos_id is not None else torch.zeros_like(token, dtype=torch.bool)
+        eos_id = self.rules.eos_id
+        is_eos = token == eos_id if eos_id is not None else torch.zeros_like(token, dtype=torch.bool)
         # at most beam candidates end in eos (one a hypothesis), so beam of the 2 beam continue
         continuing_above = (~is_eos).cumsum(1) - (~is_eos).long()
         ending = is_eos & (continuing_above < k) & top_scores.isfinite()
@@ -579,7 +588,7 @@ class _FrameSearch:
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.stopped = torch.zeros(batch, dtype=torch.bool, device=device)
         state = static_state(state, room=max_steps, device=device)
-        self.state = _own_changing(state, step(self.x, state)[2])
+        self.state = own_buffers(state, lambda s: step(self.x, s)[2])[0]
         self.frames = self.stop_probs = None
 
     def warm(self) -> None:
@@ -612,5 +621,5 @@ class _FrameSearch:
         return Frames(self.frames[:, :steps], self.stop_probs[:, :steps], lengths)
 
 
-__all__ = ["Frames", "Generated", "beam_search", "check_cuda_graph_key", "generate", "generate_frames", "reorder",
-           "static_state", "use_cuda_graph"]
+__all__ = ["Frames", "Generated", "beam_search", "check_cuda_graph_key", "generate", "generate_frames", "own_buffers",
+           "reorder", "reorder_changing", "static_state", "use_cuda_graph"]

@@ -137,7 +137,8 @@ class GatedSlotAttention(AttentionBlock):
         otherwise the write has log alpha = 0 (alpha 1, write weight 0), which leaves the
         slots exactly as they are, so the shapes never depend on the position."""
         if q.shape[1] != 1:
-            raise ValueError(f"attention 'gsa' (CC): a position on the device takes one target position, got {q.shape[1]}")
+            raise ValueError(f"attention 'gsa' (CC): a position on the device takes one target position, "
+                             f"got {q.shape[1]}")
         k, v, log_alpha, source_mask = state.source
         m = k.shape[1]
         p = state.position.clamp(max=m - 1).reshape(1)
