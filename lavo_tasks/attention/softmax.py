@@ -60,16 +60,17 @@ def attend(
     positions offset .. offset+T-1. Query p sees key j when key_mask[b, j] (bool [B, S],
     True = real; None = all real) and, if causal, j <= p (which for causal cross is the
     design's j <= min(p, S-1): there is no key past S-1). bias: None or a float [H, T, S]
-    added to the scores (ALiBi)."""
+    added to the scores (ALiBi). `offset` may be a 0-dim tensor on the device (a captured
+    decode step): nothing here then reads it back to the host."""
     T, S = q.shape[2], k.shape[2]
     if bias is None and key_mask is None and not causal:
         return F.scaled_dot_product_attention(q, k, v)
-    if bias is None and key_mask is None and offset == 0 and T == S:
+    if bias is None and key_mask is None and isinstance(offset, int) and offset == 0 and T == S:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     allowed = torch.ones(1, 1, 1, S, dtype=torch.bool, device=q.device)
     if causal:
         # j <= p; a query past the source's end (p >= S, causal cross) thus sees all of it.
-        positions = torch.arange(offset, offset + T, device=q.device)
+        positions = offset + torch.arange(T, device=q.device)  # offset: an int or a 0-dim tensor
         allowed = allowed & (torch.arange(S, device=q.device)[None, :] <= positions[:, None])  # [1, 1, T, S]
     if key_mask is not None:
         allowed = allowed & key_mask[:, None, None, :]  # [B, 1, T or 1, S]

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from lavo_tasks.attention import ATTENTION_NAMES
-from lavo_tasks.generation import generate, generate_frames, static_state
+from lavo_tasks.generation import (_Beam, _GreedyOrSample, _Rules, generate, generate_frames, reorder,
+                                   static_state)
 from lavo_tasks.stacks import Decoder
 from attention_cases import attention_cfg, make_block, patterns_of
 
@@ -51,12 +52,19 @@ class Model(nn.Module):
         return logits, state
 
 
-def gpu_cases():
+def model_cases():
+    """(self-attention, cross-attention, causal cross) for every attention: itself at the
+    cross site where it can serve both patterns, softmax otherwise."""
     for name in ATTENTION_NAMES:
         cross = name if {"CC", "NC"} <= patterns_of(name) else "softmax"
         for cross_causal in (True, False):
-            for dtype in ("fp32", "bf16"):
-                yield pytest.param(name, cross, cross_causal, dtype, marks=pytest.mark.gpu)
+            yield name, cross, cross_causal
+
+
+def gpu_cases():
+    for case in model_cases():
+        for dtype in ("fp32", "bf16"):
+            yield pytest.param(*case, dtype, marks=pytest.mark.gpu)
 
 
 def _decode(model, dtype, **options):
@@ -129,3 +137,41 @@ def test_static_kv_cache_steps_like_the_growing_cache(alibi):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(static.k, grown.k, rtol=0, atol=0)
     assert int(static.position) == 9
+
+
+HOST_READS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist")
+
+
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize(("name", "cross", "cross_causal"), list(model_cases()))
+def test_a_decode_step_never_reads_the_device(name, cross, cross_causal, padded, monkeypatch):
+    """A captured step must not read a tensor back to the host (a CUDA graph cannot wait
+    for one, and the capture fails): greedy and beam steps (the model step, the rules,
+    the choice, the bookkeeping) run here with every such read from Python raising (a
+    read inside a torch op, e.g. a 0-dim tensor as arange's start, is not seen here)."""
+    model = Model(name, cross, cross_causal, device="cpu")
+    if not padded:
+        model.memory_mask = None
+    prefix = torch.tensor([[2, 5], [7, 3], [4, 4]])
+    rules = _Rules(min_len=2, eos_id=EOS, no_repeat_ngram=2)
+    with torch.no_grad():
+        logits, state = model.step(prefix, model.init_state())
+        greedy = _GreedyOrSample(model.step, state, logits[:, -1], prefix, rules, max_len=6, pad_id=PAD,
+                                 temperature=0.0, top_k=0, top_p=1.0, generator=None)
+        expand = torch.arange(3).repeat_interleave(2)
+        beam = _Beam(model.step, reorder(state, expand), logits[expand, -1], prefix[expand], rules, beam=2,
+                     max_len=6, pad_id=PAD, length_penalty=1.0)
+        for search in (greedy, beam):
+            search.choose()
+        for read in HOST_READS:
+            monkeypatch.setattr(torch.Tensor, read, _refuse(read))
+        for search in (greedy, beam):
+            search.advance()
+            search.advance()
+
+
+def _refuse(read):
+    def refuse(self, *args, **kwargs):
+        raise AssertionError(f"a decode step read a tensor back to the host (Tensor.{read})")
+
+    return refuse
