@@ -19,8 +19,9 @@ static buffers (`static_state`: its ints become 0-dim tensors on the device, a s
 with `with_room` gets buffers for the whole generation, softmax's KV cache), the choice
 of the next token, the scores and the set-aside hypotheses live in tensors, and the end
 is read from a device flag every `check_every` tokens. On CUDA, `advance` is captured
-once as a CUDA graph and each token is one replay (`cuda_graph`, default on CUDA);
-otherwise it runs eagerly, the same operations on the same buffers.
+once as a CUDA graph and each token is one replay (`cuda_graph`, default on CUDA): each
+step's new state is copied into the static buffers. Otherwise it runs eagerly, the same
+operations, the new state taken as a value (so a state that grows still decodes).
 """
 
 import sys
@@ -108,28 +109,40 @@ def static_state(state, *, room: int, device):
     return convert(state)
 
 
-def own_buffers(static, step: Callable, parents: Tensor | None = None) -> tuple[object, list[bool]]:
+def own_buffers(static, step: Callable, parents: Tensor | None = None) -> tuple[object, list[bool], bool]:
     """Run one step (`step(state) -> new state`) on `static` (reordered by `parents`
     first, if given) to see which tensors a step changes: those it replaces or writes
     in place. Returns (`static` with every replaced tensor cloned, so that copying the
     steps' results into it never writes into a tensor the caller still holds; a flag a
-    leaf, True where the step changes it). The rest (a cross-attention source, a basis)
-    is read by every step and never changes: beam search never reorders it, since a
-    beam's hypotheses share it (their rows were equal at the expansion and stay so)."""
+    leaf, True where the step changes it; whether every replaced tensor kept its shape,
+    which a CUDA graph needs). The rest (a cross-attention source, a basis) is read by
+    every step and never changes: beam search never reorders it, since a beam's
+    hypotheses share it (their rows were equal at the expansion and stay so)."""
     passed = static if parents is None else reorder(static, parents)
     before = [leaf._version if isinstance(leaf, Tensor) else None for leaf in _leaves(passed)]
     after = _leaves(step(passed))
     replaced = [isinstance(p, Tensor) and p is not n for p, n in zip(_leaves(passed), after, strict=True)]
     written = [isinstance(p, Tensor) and p._version != v for p, v in zip(_leaves(passed), before, strict=True)]
+    fixed = all(not r or p.shape == n.shape for r, p, n in zip(replaced, _leaves(passed), after, strict=True))
     flags = iter(replaced)
     owned = _map(lambda leaf: leaf.clone() if next(flags) else leaf, static)
-    return owned, [r or w for r, w in zip(replaced, written, strict=True)]
+    return owned, [r or w for r, w in zip(replaced, written, strict=True)], fixed
 
 
 def reorder_changing(state, index: Tensor, changing: list[bool]):
     """`reorder(state, index)` on the leaves flagged in `changing` only."""
     flags = iter(changing)
     return _map(lambda leaf: reorder(leaf, index) if next(flags) else leaf, state)
+
+
+def _keep(search, new) -> None:
+    """The step's new state as the search's state: copied into its buffers when they are
+    captured (search.in_place), else taken as it is (a value; eager decoding also serves
+    states that grow, such as a step that recomputes its whole prefix)."""
+    if search.in_place:
+        _store(search.state, new)
+    else:
+        search.state = new
 
 
 def _store(static, new) -> None:
@@ -205,13 +218,18 @@ def _run(search, steps: int, *, captured: bool, check_every: int, generator=None
     bool tensor) reads true; it is read before every check_every-th call. A capture that
     fails falls back to eager calls with a one-line notice."""
     call = search.advance
-    if captured and steps > 0:
+    if captured and steps > 0 and not search.fixed_shape:
+        _notice("cuda_graph: the decode state changes shape from step to step (a state without with_room); "
+                "decoding eagerly")
+    elif captured and steps > 0:
+        search.in_place = True
         try:
             call = _Captured(search.advance, search.warm, generator)
         except Exception as error:  # noqa: BLE001 - any failure to capture means: decode eagerly
             _notice(f"cuda_graph: the decode step could not be captured ({type(error).__name__}: "
                     f"{str(error).splitlines()[0] if str(error) else ''}); decoding eagerly")
             torch.cuda.synchronize()
+            search.in_place = False
     for n in range(steps):
         if n % check_every == 0 and bool(search.done()):
             break
@@ -365,7 +383,9 @@ class _TokenSearch:
         self.count = torch.zeros((), dtype=torch.long, device=device)
         self.token = torch.zeros(rows, 1, dtype=torch.long, device=device)
         state = static_state(state, room=max_len, device=device)
-        self.state, self.changing = own_buffers(state, lambda s: self.step(self.token, s)[1], self.parents)
+        self.state, self.changing, self.fixed_shape = own_buffers(state, lambda s: self.step(self.token, s)[1],
+                                                                  self.parents)
+        self.in_place = False
 
     def _step(self):
         state = self.state if self.parents is None else reorder_changing(self.state, self.parents, self.changing)
@@ -378,7 +398,7 @@ class _TokenSearch:
         """The model step on the last chosen tokens, its state stored in the buffers."""
         logits, new = self._step()
         self.last.copy_(logits[:, -1])
-        _store(self.state, new)
+        _keep(self, new)
 
     def advance(self) -> None:
         self.feed()
@@ -588,7 +608,8 @@ class _FrameSearch:
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.stopped = torch.zeros(batch, dtype=torch.bool, device=device)
         state = static_state(state, room=max_steps, device=device)
-        self.state = own_buffers(state, lambda s: step(self.x, s)[2])[0]
+        self.state, _, self.fixed_shape = own_buffers(state, lambda s: step(self.x, s)[2])
+        self.in_place = False
         self.frames = self.stop_probs = None
 
     def warm(self) -> None:
@@ -596,7 +617,7 @@ class _FrameSearch:
 
     def advance(self) -> None:
         y, stop_logit, new = self.step(self.x, self.state)
-        _store(self.state, new)
+        _keep(self, new)
         if self.frames is None:
             self.frames = y.new_zeros(y.shape[0], self.max_steps, y.shape[2])
             self.stop_probs = torch.zeros(y.shape[0], self.max_steps, device=y.device)
