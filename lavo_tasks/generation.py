@@ -112,21 +112,32 @@ def static_state(state, *, room: int, device):
 def own_buffers(static, step: Callable, parents: Tensor | None = None) -> tuple[object, list[bool], bool]:
     """Run one step (`step(state) -> new state`) on `static` (reordered by `parents`
     first, if given) to see which tensors a step changes: those it replaces or writes
-    in place. Returns (`static` with every replaced tensor cloned, so that copying the
+    in place (the tensors of a part whose type says IN_PLACE = True, a static KV cache).
+    Returns (`static` with every replaced tensor cloned, so that copying the
     steps' results into it never writes into a tensor the caller still holds; a flag a
     leaf, True where the step changes it; whether every replaced tensor kept its shape,
     which a CUDA graph needs). The rest (a cross-attention source, a basis) is read by
     every step and never changes: beam search never reorders it, since a beam's
     hypotheses share it (their rows were equal at the expansion and stay so)."""
     passed = static if parents is None else reorder(static, parents)
-    before = [leaf._version if isinstance(leaf, Tensor) else None for leaf in _leaves(passed)]
     after = _leaves(step(passed))
     replaced = [isinstance(p, Tensor) and p is not n for p, n in zip(_leaves(passed), after, strict=True)]
-    written = [isinstance(p, Tensor) and p._version != v for p, v in zip(_leaves(passed), before, strict=True)]
+    written = _written_in_place(static)
     fixed = all(not r or p.shape == n.shape for r, p, n in zip(replaced, _leaves(passed), after, strict=True))
     flags = iter(replaced)
     owned = _map(lambda leaf: leaf.clone() if next(flags) else leaf, static)
     return owned, [r or w for r, w in zip(replaced, written, strict=True)], fixed
+
+
+def _written_in_place(state, inside: bool = False) -> list[bool]:
+    """A flag a leaf (in `_leaves` order): True for the tensors of a part whose type has
+    IN_PLACE = True (a step writes into them rather than returning new ones)."""
+    inside = inside or getattr(type(state), "IN_PLACE", False)
+    if isinstance(state, (tuple, list)):
+        return [flag for part in state for flag in _written_in_place(part, inside)]
+    if isinstance(state, dict):
+        return [flag for part in state.values() for flag in _written_in_place(part, inside)]
+    return [inside and isinstance(state, Tensor)]
 
 
 def reorder_changing(state, index: Tensor, changing: list[bool]):
@@ -383,8 +394,8 @@ class _TokenSearch:
         self.count = torch.zeros((), dtype=torch.long, device=device)
         self.token = torch.zeros(rows, 1, dtype=torch.long, device=device)
         state = static_state(state, room=max_len, device=device)
-        self.state, self.changing, self.fixed_shape = own_buffers(state, lambda s: self.step(self.token, s)[1],
-                                                                  self.parents)
+        # the probe step runs on the state itself (no parents: a reorder would copy it all)
+        self.state, self.changing, self.fixed_shape = own_buffers(state, lambda s: self.step(self.token, s)[1])
         self.in_place = False
 
     def _step(self):

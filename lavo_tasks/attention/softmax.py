@@ -110,6 +110,8 @@ class StaticKVCache(NamedTuple):
     v: torch.Tensor  # [B, H, capacity, d]
     position: int | torch.Tensor  # filled positions: an int, or a 0-dim long tensor on the device
 
+    IN_PLACE = True  # for lavo_tasks.generation: a step writes into k and v (beam search reorders them)
+
 
 class SoftmaxAttention(AttentionBlock):
     """Exact attention; the `local` block extends it with a window (and has no `alibi`)."""
