@@ -208,7 +208,7 @@ def _step(q, k, v, basis, rel_bias, mem_bias, state, window, scale):
 
     keys, values = state.keys, state.values
     if ring:
-        slot = torch.tensor([t % ring], device=q.device)
+        slot = torch.as_tensor(t % ring, device=q.device).reshape(1)  # t: an int or a 0-dim tensor
         keys = keys.index_copy(2, slot, k[:, :, None].to(keys.dtype))
         values = values.index_copy(2, slot, v[:, :, None].to(values.dtype))
     return o[:, :, 0].to(q.dtype), LavoDecodeState(keys, values, mem_sum, t + 1)

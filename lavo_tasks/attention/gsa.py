@@ -117,6 +117,8 @@ class GatedSlotAttention(AttentionBlock):
             # CC: these queries read source positions up to min(position + t, m) - 1, so the
             # source scan advances by that segment (empty once the source is used up).
             k, v, log_alpha, source_mask = state.source
+            if isinstance(state.position, torch.Tensor):
+                return self._device_position_cc_step(q, state)
             segment = slice(state.position, min(state.position + t, k.shape[1]))
             seg_mask = None if source_mask is None else source_mask[:, segment]
             o, memory = gsa_attn(q, k[:, segment], v[:, segment], log_alpha[:, segment], causal=True, cross=True,
@@ -128,3 +130,22 @@ class GatedSlotAttention(AttentionBlock):
         o, _ = gsa_attn(q, empty, empty, empty.new_zeros(*empty.shape[:3], self.slots, dtype=torch.float32),
                         causal=False, cross=True, initial_state=state.memory, backend=self.backend)
         return self._output(o), GsaDecodeState(state.memory, None, state.position + t)
+
+    def _device_position_cc_step(self, q, state: GsaDecodeState):
+        """CC, one target position whose index is a 0-dim tensor (a captured decode): the
+        source scan advances by source position p = position when p < m and it is real;
+        otherwise the write has log alpha = 0 (alpha 1, write weight 0), which leaves the
+        slots exactly as they are, so the shapes never depend on the position."""
+        if q.shape[1] != 1:
+            raise ValueError(f"attention 'gsa' (CC): a position on the device takes one target position, "
+                             f"got {q.shape[1]}")
+        k, v, log_alpha, source_mask = state.source
+        m = k.shape[1]
+        p = state.position.clamp(max=m - 1).reshape(1)
+        writes = (state.position < m).expand(k.shape[0])  # [B]
+        if source_mask is not None:
+            writes = writes & source_mask.index_select(1, p)[:, 0]
+        k_p, v_p, log_alpha_p = (part.index_select(1, p)[:, 0] for part in (k, v, log_alpha))  # [B, H, ...]
+        log_alpha_p = torch.where(writes[:, None, None], log_alpha_p, 0.0)
+        o, memory = gsa_decode_step(q[:, 0], k_p, v_p, log_alpha_p, state.memory, backend=self.backend)
+        return self._output(o[:, None]), GsaDecodeState(memory, state.source, state.position + 1)

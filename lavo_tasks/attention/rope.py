@@ -10,8 +10,10 @@ import torch
 BASE = 10000.0
 
 
-def apply_rope(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
     """Rotate x [B, T, H, d] as if its positions were offset, offset+1, ..., offset+T-1.
+    `offset` is an int or a 0-dim long tensor on x's device (a captured decode step reads
+    its position from the device).
 
     Channel i is paired with channel i + d//2 (the "half split" layout) and the pair is
     rotated by position * BASE ** (-i / (d//2)). With an odd head dim the last channel
@@ -21,7 +23,7 @@ def apply_rope(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
     T, d = x.shape[1], x.shape[-1]
     half = d // 2
     inv_freq = BASE ** (-torch.arange(half, device=x.device, dtype=torch.float32) / max(half, 1))
-    positions = torch.arange(offset, offset + T, device=x.device, dtype=torch.float32)
+    positions = offset + torch.arange(T, device=x.device, dtype=torch.float32)
     angles = positions[:, None] * inv_freq[None, :]  # [T, half]
     cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]  # [T, 1, half]: broadcast over B and H
     xf = x.float()

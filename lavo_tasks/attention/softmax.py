@@ -47,7 +47,7 @@ def alibi_bias(slopes: torch.Tensor, n_queries: int, n_keys: int, offset: int = 
     """-slope_h * |p - j| for query positions p = offset .. offset+n_queries-1 and key
     positions j = 0 .. n_keys-1: [H, T, S] float32 (the causal mask, applied beside it,
     removes j > p)."""
-    positions = torch.arange(offset, offset + n_queries, device=slopes.device)
+    positions = offset + torch.arange(n_queries, device=slopes.device)  # offset: an int or a 0-dim tensor
     distance = (positions[:, None] - torch.arange(n_keys, device=slopes.device)[None, :]).abs()
     return -slopes[:, None, None] * distance[None].float()
 
@@ -59,16 +59,17 @@ def attend(
     positions offset .. offset+T-1. Query p sees key j when key_mask[b, j] (bool [B, S],
     True = real; None = all real) and, if causal, j <= p (which for causal cross is the
     design's j <= min(p, S-1): there is no key past S-1). bias: None or a float [H, T, S]
-    added to the scores (ALiBi)."""
+    added to the scores (ALiBi). `offset` may be a 0-dim tensor on the device (a captured
+    decode step): nothing here then reads it back to the host."""
     T, S = q.shape[2], k.shape[2]
     if bias is None and key_mask is None and not causal:
         return F.scaled_dot_product_attention(q, k, v)
-    if bias is None and key_mask is None and offset == 0 and T == S:
+    if bias is None and key_mask is None and isinstance(offset, int) and offset == 0 and T == S:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     allowed = torch.ones(1, 1, 1, S, dtype=torch.bool, device=q.device)
     if causal:
         # j <= p; a query past the source's end (p >= S, causal cross) thus sees all of it.
-        positions = torch.arange(offset, offset + T, device=q.device)
+        positions = offset + torch.arange(T, device=q.device)  # offset: an int or a 0-dim tensor
         allowed = allowed & (torch.arange(S, device=q.device)[None, :] <= positions[:, None])  # [1, 1, T, S]
     if key_mask is not None:
         allowed = allowed & key_mask[:, None, None, :]  # [B, 1, T or 1, S]
@@ -84,6 +85,31 @@ class KVCache(NamedTuple):
     v: torch.Tensor  # [B, H, S, d]
     key_mask: torch.Tensor | None  # [B, S] (cross-attention) or None
     position: int  # how many target positions came before the next call
+    cross: bool = False  # the source of cross-attention (it never grows)
+
+    def with_room(self, room: int):
+        """The same state in buffers of fixed size that take `room` more positions: a
+        `StaticKVCache` for self-attention; cross-attention's source is already fixed."""
+        if self.cross:
+            return self
+        batch, heads, seen, dim = self.k.shape
+        k, v = (self.k.new_zeros(batch, heads, seen + room, dim) for _ in range(2))
+        k[:, :, :seen], v[:, :, :seen] = self.k, self.v
+        return StaticKVCache(k, v, self.position)
+
+
+class StaticKVCache(NamedTuple):
+    """The self-attention KV cache of a captured decode (gpt-fast's static cache):
+    buffers of the generation's whole length, of which positions 0 .. position-1 are
+    filled. The one state that a step changes in place (it writes the new positions into
+    the buffers and returns them): the generation loop owns it and never reuses an old
+    one, and a CUDA graph needs the same buffers at every replay."""
+
+    k: torch.Tensor  # [B, H, capacity, d]
+    v: torch.Tensor  # [B, H, capacity, d]
+    position: int | torch.Tensor  # filled positions: an int, or a 0-dim long tensor on the device
+
+    IN_PLACE = True  # for lavo_tasks.generation: a step writes into k and v (beam search reorders them)
 
 
 class SoftmaxAttention(AttentionBlock):
@@ -144,9 +170,11 @@ class SoftmaxAttention(AttentionBlock):
 
     def _cross_state(self, context, context_mask) -> KVCache:
         k, v = self._keys_values(context, 0)
-        return KVCache(k, v, context_mask, 0)
+        return KVCache(k, v, context_mask, 0, cross=True)
 
-    def _step(self, x, state: KVCache):
+    def _step(self, x, state: KVCache | StaticKVCache):
+        if isinstance(state, StaticKVCache):
+            return self._static_step(x, state)
         q = self._queries(x, state.position)
         # Casts: under autocast the cache may have been made in another dtype than q.
         k, v = state.k.to(q.dtype), state.v.to(q.dtype)
@@ -155,4 +183,19 @@ class SoftmaxAttention(AttentionBlock):
             k, v = torch.cat([k, k_new.to(q.dtype)], dim=2), torch.cat([v, v_new.to(q.dtype)], dim=2)
         o = attend(q, k, v, causal=self.causal, offset=state.position, key_mask=state.key_mask,
                    bias=self._bias(q.shape[2], k.shape[2], state.position))
-        return self._output(o), KVCache(k, v, state.key_mask, state.position + x.shape[1])
+        return self._output(o), KVCache(k, v, state.key_mask, state.position + x.shape[1], state.cross)
+
+    def _static_step(self, x, state: StaticKVCache):
+        """The step over a static cache: the t new positions are written into its buffers
+        (in place; a position past the capacity is an error of the caller's `room`), and
+        the queries see the filled positions up to their own."""
+        t, capacity = x.shape[1], state.k.shape[2]
+        q = self._queries(x, state.position)
+        k_new, v_new = self._keys_values(x, state.position)
+        positions = state.position + torch.arange(t, device=x.device)  # [t]
+        state.k.index_copy_(2, positions, k_new.to(state.k.dtype))
+        state.v.index_copy_(2, positions, v_new.to(state.v.dtype))
+        allowed = torch.arange(capacity, device=x.device)[None, :] <= positions[:, None]  # [t, capacity]
+        k, v = state.k.to(q.dtype), state.v.to(q.dtype)
+        o = masked_attention(q, k, v, allowed, self._bias(t, capacity, state.position))
+        return self._output(o), StaticKVCache(state.k, state.v, state.position + t)

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from lavo_tasks.backbone import size_rules
 from lavo_tasks.config import check_rules
 from lavo_tasks.errors import ConfigError
+from lavo_tasks.generation import check_cuda_graph_key
 from lavo_tasks.task import Task
 from lavo_tasks.text.tokenizer import check_tokenizer_keys
 
@@ -35,6 +36,7 @@ def check_config(cfg: DictConfig) -> None:
         ("generate.top_k", cfg.generate.top_k >= 0, ">= 0 (0: the whole vocabulary)"),
     ]
     check_rules(cfg, rules)
+    check_cuda_graph_key("generate.cuda_graph", cfg.generate.cuda_graph, cfg.trainer.accelerator)
     check_tokenizer_keys(cfg.data)
     if cfg.data.token_cache and Path(cfg.data.token_cache).is_file():
         raise ConfigError(f"data.token_cache={cfg.data.token_cache}: a file; it must name a folder (made if missing)")

@@ -88,9 +88,9 @@ class LMModule(TaskModule):
         gen = self.cfg.generate
         if self.prompt is None:
             raise RuntimeError("the test saw no block of the longest length, whose start is generated.txt's prompt")
-        generator = torch.Generator().manual_seed(self.cfg.seed)
+        generator = torch.Generator(self.device).manual_seed(self.cfg.seed)  # on the GPU: drawn inside the graph
         new = self.model.generate(self.prompt[None].to(self.device), gen.max_new_tokens, temperature=gen.temperature,
-                                  top_k=gen.top_k, generator=generator)[0]
+                                  top_k=gen.top_k, generator=generator, cuda_graph=gen.cuda_graph)[0]
         text = (
             f"# prompt: the first {len(self.prompt)} tokens of the test split\n"
             f"{self.tokenizer.decode(self.prompt.tolist())}\n"

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from lavo_tasks.backbone import size_rules
 from lavo_tasks.config import check_rules
 from lavo_tasks.errors import ConfigError
+from lavo_tasks.generation import check_cuda_graph_key
 from lavo_tasks.task import Task
 from lavo_tasks.text.tokenizer import check_tokenizer_keys
 
@@ -43,6 +44,7 @@ def check_config(cfg: DictConfig) -> None:
         ("decode.no_repeat_ngram", decode.no_repeat_ngram >= 0, ">= 0 (0: off)"),
     ]
     check_rules(cfg, rules)
+    check_cuda_graph_key("decode.cuda_graph", decode.cuda_graph, cfg.trainer.accelerator)
     check_tokenizer_keys(data)
     if data.token_cache and Path(data.token_cache).is_file():
         raise ConfigError(f"data.token_cache={data.token_cache}: a file; it must name a folder (made if missing)")

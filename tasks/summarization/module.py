@@ -90,7 +90,7 @@ class SummarizationModule(TaskModule):
         prefix = torch.full((len(source), 1), self.eos_id, dtype=torch.long, device=source.device)
         out = generate(self.model.step, self.model.init_state(source, source_mask), prefix, max_len=d.max_len,
                        min_len=d.min_len, eos_id=self.eos_id, pad_id=self.eos_id, beam=d.beam,
-                       length_penalty=d.length_penalty, no_repeat_ngram=d.no_repeat_ngram)
+                       length_penalty=d.length_penalty, no_repeat_ngram=d.no_repeat_ngram, cuda_graph=d.cuda_graph)
         texts = []
         for tokens, length in zip(out.tokens.tolist(), out.lengths.tolist()):
             tokens = tokens[:length]

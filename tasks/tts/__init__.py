@@ -10,6 +10,8 @@ from omegaconf import DictConfig
 from lavo_tasks.attention.base import is_int
 from lavo_tasks.backbone import size_rules
 from lavo_tasks.config import check_rules, site_attention
+from lavo_tasks.errors import ConfigError
+from lavo_tasks.generation import check_cuda_graph_key
 from lavo_tasks.task import Task
 
 from .audio import MelConfig
@@ -57,6 +59,7 @@ def check_config(cfg: DictConfig) -> None:
         ("decode.stop_threshold", 0 < decode.stop_threshold < 1, "in (0, 1)"),
     ]
     check_rules(cfg, rules)
+    check_cuda_graph_key("decode.cuda_graph", decode.cuda_graph, cfg.trainer.accelerator)
 
 
 TASK = Task(name="tts", DataModule=DataModule, Module=Module, check_config=check_config, sites=SITES,

@@ -128,9 +128,10 @@ class TransformerTTS(nn.Module):
         last = mels[:, self.r - 1::self.r]  # [B, N, n_mels]
         return torch.cat([torch.zeros_like(last[:, :1]), last[:, :-1]], dim=1)
 
-    def embed_frames(self, frames: torch.Tensor, first_position: int) -> torch.Tensor:
-        """frames [B, t, n_mels] read at steps first_position .. + t - 1 -> [B, t, D]."""
-        positions = torch.arange(first_position, first_position + frames.shape[1], device=frames.device)
+    def embed_frames(self, frames: torch.Tensor, first_position: int | torch.Tensor) -> torch.Tensor:
+        """frames [B, t, n_mels] read at steps first_position .. + t - 1 -> [B, t, D];
+        first_position an int or a 0-dim tensor (a captured decode step's)."""
+        positions = first_position + torch.arange(frames.shape[1], device=frames.device)
         return self.mel_prenet(frames) + self.mel_alpha * sinusoids(positions, self.d_model)
 
     def heads(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -128,7 +128,8 @@ class TTSModule(TaskModule):
         state = self.model.init_state(tokens, token_lengths)
         start = tokens.new_zeros(len(tokens), 1, self.model.n_mels, dtype=self.mel_mean.dtype)
         out = generate_frames(self.model.step, state, start, max_steps=-(-self.cfg.decode.max_frames // r),
-                              stop_threshold=self.cfg.decode.stop_threshold, feedback=self.model.last_frame)
+                              stop_threshold=self.cfg.decode.stop_threshold, feedback=self.model.last_frame,
+                              cuda_graph=self.cfg.decode.cuda_graph)
         frames = out.frames.reshape(len(tokens), -1, self.model.n_mels)  # [B, N, r * n_mels] -> [B, N * r, n_mels]
         lengths = out.lengths * r
         mask = torch.arange(frames.shape[1], device=frames.device) < lengths[:, None]

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from lavo_tasks.attention import ATTENTION_NAMES
-from lavo_tasks.generation import beam_search, generate, generate_frames, reorder
+from lavo_tasks.generation import (beam_search, generate, generate_frames, own_buffers, reorder, reorder_changing,
+                                   static_state)
 from lavo_tasks.stacks import Decoder
 from attention_cases import attention_cfg, make_block, patterns_of, supported
 
@@ -395,3 +396,51 @@ def test_generate_frames_bad_arguments():
         generate_frames(frame_step([1, 1]), torch.zeros(2), start, max_steps=3, stop_threshold=1.5)
     with pytest.raises(ValueError, match="start"):
         generate_frames(frame_step([1, 1]), torch.zeros(2), torch.zeros(2, 3), max_steps=3)
+
+
+def source_parts(cross_state) -> list:
+    """The tensors of a cross-attention state that hold the source: read by every step,
+    never changed (softmax's projected keys and values, LAVO's prepared source, GSA's
+    causal source or noncausal final state)."""
+    if hasattr(cross_state, "k"):  # softmax KVCache
+        return [cross_state.k, cross_state.v]
+    if hasattr(cross_state, "basis"):  # LavoState
+        return [cross_state.source.keys, cross_state.source.values, cross_state.source.means]
+    if cross_state.source is not None:  # gsa CC
+        return list(cross_state.source[:3])
+    return list(cross_state.memory)  # gsa NC
+
+
+@pytest.mark.parametrize(("name", "cross", "cross_causal"),
+                         [(n, c, causal) for n, c in model_cases() if c for causal in (True, False)])
+def test_beam_reorder_leaves_the_source_alone(name, cross, cross_causal):
+    """Beam search reorders only what a step changes: the source parts stay the same
+    tensors (never re-indexed), and a step from that state equals the step from the
+    state recomputed for the chosen hypotheses."""
+    model = ToyModel(name, cross, cross_causal)
+    beam, rows = 2, torch.arange(3)
+    parents = torch.tensor([1, 1, 2, 3, 5, 4])  # within each sequence's beam rows
+    tokens = torch.tensor([[6], [9], [3], [6], [2], [8]])
+    expand = rows.repeat_interleave(beam)
+    with torch.no_grad():
+        _, state = model.step(PREFIX, model.init_state(rows))
+        static = static_state(reorder(state, expand), room=4, device=torch.device("cpu"))
+        static, changing, fixed_shape = own_buffers(static, lambda s: model.step(tokens, s)[1], parents)
+        assert fixed_shape
+        partly = reorder_changing(static, parents, changing)
+        for layer_static, layer_partly in zip(static, partly):
+            for a, b in zip(source_parts(layer_static.cross_attn), source_parts(layer_partly.cross_attn), strict=True):
+                assert a is b
+        got_logits, got_state = model.step(tokens, partly)
+        _, fresh = model.step(PREFIX[expand[parents]], model.init_state(expand[parents]))
+        want_logits, want_state = model.step(tokens, static_state(fresh, room=4, device=torch.device("cpu")))
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-10, atol=1e-10)
+    for got, want in zip(got_state, want_state):
+        assert_states_close(got.self_attn, want.self_attn)
+
+
+def test_reorder_of_one_row_is_a_view():
+    state = torch.randn(1, 5, 3)
+    out = reorder(state, torch.zeros(4, dtype=torch.long))
+    assert out.shape == (4, 5, 3) and out.stride(0) == 0 and out.data_ptr() == state.data_ptr()
+    assert torch.equal(out, state.expand(4, 5, 3))

@@ -78,7 +78,10 @@ def test_local_cannot_be_the_cross_attention(tmp_path):
     ("data.sample_rate=8000", r"data.sample_rate=8000: must be an integer number of Hz >= 16000"),
     ("model.text_position_rate=0", r"model.text_position_rate='0': must be auto or a number > 0"),
     ("model.guided_attention=-1", r"model.guided_attention=-1: must be a number >= 0"),
+    ("decode.cuda_graph=true trainer.accelerator=cpu",
+     r"decode.cuda_graph=true: CUDA graphs need a CUDA GPU \(trainer.accelerator=cpu\)"),
+    ("decode.cuda_graph=7", r"decode.cuda_graph=7: must be true, false or null"),
 ])
 def test_bad_task_keys(arg, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
-        train.run(["task=tts", arg, f"run.dir={tmp_path}"])
+        train.run(["task=tts", *arg.split(), f"run.dir={tmp_path}"])

@@ -1,0 +1,200 @@
+"""Decode benchmark: generation per token of a task's model at its `cab` preset, every
+attention side by side in one process, eager and captured (CUDA graphs), on one GPU.
+
+    python -m lavo_tasks.bench_decode task=lm|summarization|tts [attentions=softmax,local,lavo,gsa]
+        [contexts=4096] [beams=1] [tokens=64] [modes=eager,graph] [out=bench_out] [KEY=VALUE ...]
+
+The models are the tasks' own (bench_e2e's configuration: model.preset=cab, its
+attention sizes, a cross site `local` cannot serve keeps softmax), random weights, one
+sequence, bf16 autocast. `contexts`: what the decode starts from, in tokens: lm, the
+prompt; summarization, the source; tts, the text. `beams` applies to summarization
+(lm and tts decode greedily). No end token: every run decodes its full length.
+
+A run is `generate` (`generate_frames` for tts) from init_state; its per-token figures
+are differences between a run of `tokens` + 8 tokens and one of 8, so the encoder, the
+prefill and the capture cancel: ms/token wall (perf_counter between synchronisations),
+GPU ms/token (the kernels' time in torch.profiler) and kernels/token. Peak memory above
+the weights: the CUDA allocator's peak during the long run minus what was allocated
+before it (the weights), the encoder and prefill included. Writes
+OUT/bench_decode_<task>.jsonl and prints a Markdown table. Needs CUDA.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from . import tasks
+from .attention import ATTENTION_NAMES
+from .bench_e2e import bench_config
+from .config import split_args
+from .errors import ConfigError
+from .generation import generate, generate_frames
+from .run.cli import run_cli
+
+TASKS = ("lm", "summarization", "tts")
+MODES = {"eager": False, "graph": True}
+SHORT = 8  # tokens of the short run whose figures are subtracted
+# The lm cab preset's context (8,192) makes the default corpus's test split too short for
+# the DataModule's check; the spec (the vocabulary) does not depend on it, nor the model.
+DATA_OVERRIDES = {"lm": ["data.seq_len=1024"]}
+ARGUMENTS = {"attentions": ",".join(ATTENTION_NAMES), "contexts": "4096", "beams": "1", "tokens": "64",
+             "modes": "eager,graph", "out": "bench_out"}
+
+
+def _numbers(key: str, text: str) -> list[int]:
+    values = [v for v in text.split(",") if v]
+    if not values or not all(v.isdigit() and int(v) >= 1 for v in values):
+        raise ConfigError(f"{key}={text!r}: whole numbers >= 1, comma-separated")
+    return [int(v) for v in values]
+
+
+def decode_run(task: str, model, context: int, beam: int, device: torch.device):
+    """A function n -> None that decodes n tokens (frames) from a random context of
+    `context` tokens, under bf16 autocast."""
+    g = torch.Generator(device=device).manual_seed(0)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    if task == "lm":
+        prompt = torch.randint(2, model.embed.num_embeddings, (1, context), device=device, generator=g)
+
+        def run(n, cuda_graph):
+            with autocast:
+                generate(model, model.init_state(1), prompt, max_len=n, cuda_graph=cuda_graph)
+    elif task == "summarization":
+        source = torch.randint(2, model.embed.num_embeddings, (1, context), device=device, generator=g)
+        prefix = torch.ones(1, 1, dtype=torch.long, device=device)
+
+        def run(n, cuda_graph):
+            with autocast:
+                generate(model.step, model.init_state(source), prefix, max_len=n, beam=beam, cuda_graph=cuda_graph)
+    else:
+        text = torch.randint(1, model.embedding.num_embeddings, (1, context), device=device, generator=g)
+        lengths = torch.tensor([context], device=device)
+        start = torch.zeros(1, 1, model.n_mels, device=device)
+
+        def run(n, cuda_graph):
+            with autocast:
+                generate_frames(model.step, model.init_state(text, lengths), start, max_steps=n, stop_threshold=1.0,
+                                feedback=model.last_frame, cuda_graph=cuda_graph)
+    return run
+
+
+def _kernels(run) -> tuple[int, float]:
+    """(kernels launched, their total GPU ms) while run() runs."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return len(kernels), sum(e.time_range.elapsed_us() for e in kernels) / 1e3
+
+
+def _seconds(run) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    run()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure(run, tokens: int, cuda_graph: bool) -> dict:
+    """Per-token figures of `run` (decode_run's), long run minus short run."""
+    short, long = (lambda: run(SHORT, cuda_graph)), (lambda: run(SHORT + tokens, cuda_graph))
+    short()  # compiles, autotunes
+    wall = (_seconds(long) - _seconds(short)) / tokens
+    (k_long, gpu_long), (k_short, gpu_short) = _kernels(long), _kernels(short)
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    long()
+    peak = torch.cuda.max_memory_allocated() - base
+    return {"wall_ms": wall * 1e3, "gpu_ms": (gpu_long - gpu_short) / tokens,
+            "kernels": (k_long - k_short) / tokens, "peak_gib": peak / 2**30}
+
+
+def markdown_table(task: str, rows: list[dict]) -> str:
+    lines = [f"### bench_decode: {task} (bf16 autocast, one sequence)", "",
+             "| attention | context | beam | mode | wall ms/token | GPU ms/token | wall/GPU | kernels/token | "
+             "peak GiB above weights |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['attention']} | {r['context']} | {r['beam']} | {r['mode']} | {r['error']} |||||")
+            continue
+        lines.append(f"| {r['attention']} | {r['context']} | {r['beam']} | {r['mode']} | {r['wall_ms']:.3f} | "
+                     f"{r['gpu_ms']:.3f} | {r['wall_ms'] / max(r['gpu_ms'], 1e-9):.2f} | {r['kernels']:.0f} | "
+                     f"{r['peak_gib']:.3f} |")
+    return "\n".join(lines)
+
+
+def bench(args: list[str]) -> list[dict]:
+    """Runs the benchmark for the command's arguments; returns its rows."""
+    selectors, overrides = split_args(args)
+    task = selectors.pop("task", None)
+    if task not in TASKS:
+        raise ConfigError(f"task={task}: bench_decode takes task={'|'.join(TASKS)}")
+    if selectors:
+        raise ConfigError(f"{next(iter(selectors))}=: bench_decode chooses the attentions with attentions=A,B,...")
+    options, extra = dict(ARGUMENTS), []
+    for key, value in overrides:
+        if key in options:
+            options[key] = value
+        else:
+            extra.append(f"{key}={value}")
+    attentions = [a for a in options["attentions"].split(",") if a]
+    if not attentions or any(a not in ATTENTION_NAMES for a in attentions):
+        raise ConfigError(f"attentions={options['attentions']!r}: choose from {', '.join(ATTENTION_NAMES)}")
+    modes = [m for m in options["modes"].split(",") if m]
+    if not modes or any(m not in MODES for m in modes):
+        raise ConfigError(f"modes={options['modes']!r}: choose from {', '.join(MODES)}")
+    contexts, beams = _numbers("contexts", options["contexts"]), _numbers("beams", options["beams"])
+    tokens = _numbers("tokens", options["tokens"])[0]
+    if task != "summarization" and beams != [1]:
+        raise ConfigError(f"beams={options['beams']!r}: only summarization decodes with beam search here")
+    if not torch.cuda.is_available():
+        raise ConfigError("bench_decode needs a CUDA GPU (timings on a CPU mean nothing)")
+    extra = DATA_OVERRIDES.get(task, []) + extra
+    if not any(key == "run.dir" for key, _ in overrides):
+        extra.append(f"run.dir={Path(options['out']) / 'runs' / task}")
+    configs = {a: bench_config(task, a, extra)[0] for a in attentions}  # every config checked before any work
+    device = torch.device("cuda")
+    torch.set_float32_matmul_precision("high")
+    spec = tasks.load_task(task).DataModule(next(iter(configs.values()))).spec()  # the same for every attention
+    out = Path(options["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"date": time.strftime("%Y-%m-%d"), "task": task, "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "tokens": tokens, "overrides": extra}
+    rows = []
+    with (out / f"bench_decode_{task}.jsonl").open("w") as log:
+        for name, cfg in configs.items():
+            model = tasks.load_task(task).Module(cfg, spec).model.to(device).eval()
+            for context in contexts:
+                for beam in beams:
+                    run = decode_run(task, model, context, beam, device)
+                    for mode in modes:
+                        row = {"attention": name, "context": context, "beam": beam, "mode": mode}
+                        try:
+                            row |= measure(run, tokens, MODES[mode])
+                        except torch.OutOfMemoryError as err:  # recorded, not fatal
+                            row["error"] = f"out of memory: {err}"[:200]
+                        torch.cuda.empty_cache()
+                        rows.append(row)
+                        log.write(json.dumps({**meta, **row}) + "\n")
+                        log.flush()
+                        print(json.dumps(row), flush=True)
+            del model
+            torch.cuda.empty_cache()
+    print(markdown_table(task, rows))
+    return rows
+
+
+def usage(argv=None) -> str:
+    return __doc__.split("\n\n")[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(bench, sys.argv[1:] if argv is None else argv, usage)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
