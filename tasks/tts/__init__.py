@@ -10,7 +10,6 @@ from omegaconf import DictConfig
 from lavo_tasks.attention.base import is_int
 from lavo_tasks.backbone import size_rules
 from lavo_tasks.config import check_rules, site_attention
-from lavo_tasks.errors import ConfigError
 from lavo_tasks.generation import check_cuda_graph_key
 from lavo_tasks.task import Task
 
