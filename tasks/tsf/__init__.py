@@ -30,6 +30,7 @@ def check_config(cfg: DictConfig) -> None:
         ("model.d_ff", model.d_ff >= 1, ">= 1"),
         ("model.dropout", 0 <= model.dropout < 1, "in [0, 1)"),
         ("model.instance_norm", isinstance(model.instance_norm, bool), "true or false"),
+        ("model.linear_shortcut", isinstance(model.linear_shortcut, bool), "true or false"),
     ]
     check_rules(cfg, rules)
     if data.freq:

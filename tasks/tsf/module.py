@@ -45,9 +45,9 @@ class TSFModule(TaskModule):
         m = cfg.model
         n_inputs, self.n_outputs = len(spec["columns"]), spec["n_outputs"]
         self.model = Forecaster(
-            n_inputs, self.n_outputs, d_model=m.d_model, n_heads=m.n_heads,
+            n_inputs, self.n_outputs, seq_len=cfg.data.seq_len, pred_len=cfg.data.pred_len, d_model=m.d_model, n_heads=m.n_heads,
             encoder_layers=m.encoder_layers, decoder_layers=m.decoder_layers, d_ff=m.d_ff, dropout=m.dropout,
-            instance_norm=m.instance_norm,
+            instance_norm=m.instance_norm, linear_shortcut=m.linear_shortcut,
             encoder_attention=site_attention(cfg, "encoder_attention"),
             decoder_attention=site_attention(cfg, "decoder_attention"),
             cross_attention=site_attention(cfg, "cross_attention"),
@@ -64,6 +64,15 @@ class TSFModule(TaskModule):
             for prefix in FORECASTERS
         })
         self.linear: LinearForecast | None = None
+
+    def on_train_start(self) -> None:
+        # A new run's shortcut starts at its least-squares fit on every training window
+        # (a resumed run has its trained weights: this hook runs after they are restored).
+        if self.global_step == 0 and self.model.shortcut is not None:
+            data = self.cfg.data
+            values = self.trainer.datamodule.datasets["train"].values  # [rows, C] scaled
+            windows = values.unfold(0, data.seq_len + data.pred_len, 1).transpose(1, 2)  # [N, seq_len + pred_len, C]
+            self.model.fit_shortcut(windows[:, :data.seq_len].to(self.device), windows[:, data.seq_len:].to(self.device))
 
     def forecast(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(forecast, truth), both [B, pred_len, n_outputs] scaled."""
