@@ -117,19 +117,26 @@ class Forecaster(nn.Module):
             nn.init.zeros_(self.head.bias)
 
     @torch.no_grad()
-    def fit_shortcut(self, x: torch.Tensor, y: torch.Tensor, ridge: float = RIDGE) -> None:
+    def fit_shortcut(self, x: torch.Tensor, y: torch.Tensor, ridge: float = RIDGE, chunk: int = 4096) -> None:
         """Set the shortcut to the least-squares fit of windows x [N, seq_len, C] -> y
         [N, pred_len, C]: every forecast channel's future minus its last input value, from
-        its inputs minus that value, one map for all channels (see `linear_forecast`)."""
+        its inputs minus that value, one map for all channels (see `linear_forecast`).
+        The normal equations are summed over `chunk` windows at a time, so x and y may be
+        strided views of the series and no [N * C, seq_len] copy is made."""
         n, seq_len = self.n_outputs, x.shape[1]
-        last = x[:, -1:, -n:]  # [N, 1, n]
-        inputs = (x[..., -n:] - last).transpose(1, 2).reshape(-1, seq_len).double()  # [N * n, seq_len]
-        targets = (y[..., -n:] - last).transpose(1, 2).reshape(-1, y.shape[1]).double()  # [N * n, pred_len]
-        inputs = torch.cat([inputs, inputs.new_ones(len(inputs), 1)], dim=1)  # the intercept's column
-        gram = inputs.T @ inputs
+        gram = x.new_zeros(seq_len + 1, seq_len + 1, dtype=torch.float64)
+        moment = x.new_zeros(seq_len + 1, y.shape[1], dtype=torch.float64)
+        for start in range(0, len(x), chunk):
+            xs, ys = x[start:start + chunk, :, -n:].double(), y[start:start + chunk, :, -n:].double()
+            last = xs[:, -1:]  # [chunk, 1, n]
+            inputs = (xs - last).transpose(1, 2).reshape(-1, seq_len)  # [chunk * n, seq_len]
+            inputs = torch.cat([inputs, inputs.new_ones(len(inputs), 1)], dim=1)  # the intercept's column
+            targets = (ys - last).transpose(1, 2).reshape(-1, y.shape[1])  # [chunk * n, pred_len]
+            gram += inputs.T @ inputs
+            moment += inputs.T @ targets
         diagonal = torch.arange(seq_len)
-        gram[diagonal, diagonal] += ridge * len(inputs)  # not on the intercept
-        solution = torch.linalg.solve(gram, inputs.T @ targets)  # [seq_len + 1, pred_len]
+        gram[diagonal, diagonal] += ridge * len(x) * n  # not on the intercept
+        solution = torch.linalg.solve(gram, moment)  # [seq_len + 1, pred_len]
         self.shortcut.weight.copy_(solution[:-1].T)
         self.shortcut.bias.copy_(solution[-1])
 

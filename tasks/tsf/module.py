@@ -70,9 +70,9 @@ class TSFModule(TaskModule):
         # (a resumed run has its trained weights: this hook runs after they are restored).
         if self.global_step == 0 and self.model.shortcut is not None:
             data = self.cfg.data
-            values = self.trainer.datamodule.datasets["train"].values  # [rows, C] scaled
-            windows = values.unfold(0, data.seq_len + data.pred_len, 1).transpose(1, 2)  # [N, seq_len + pred_len, C]
-            self.model.fit_shortcut(windows[:, :data.seq_len].to(self.device), windows[:, data.seq_len:].to(self.device))
+            values = self.trainer.datamodule.datasets["train"].values  # [rows, C] scaled, on the CPU
+            windows = values.unfold(0, data.seq_len + data.pred_len, 1).transpose(1, 2)  # [N, seq_len + pred_len, C] view
+            self.model.fit_shortcut(windows[:, :data.seq_len], windows[:, data.seq_len:])  # solved on the CPU
 
     def forecast(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(forecast, truth), both [B, pred_len, n_outputs] scaled."""
