@@ -28,6 +28,7 @@ def check_config(cfg: DictConfig) -> None:
         ("data.label_len", 0 <= data.label_len <= data.seq_len, f"in [0, data.seq_len={data.seq_len}]"),
         *size_rules(cfg),
         ("model.instance_norm", isinstance(model.instance_norm, bool), "true or false"),
+        ("model.linear_shortcut", isinstance(model.linear_shortcut, bool), "true or false"),
     ]
     check_rules(cfg, rules)
     if data.freq:

@@ -27,6 +27,8 @@ from torch import nn
 from ...stacks import Decoder, Encoder
 from .data import TIME_FEATURE_SIZES
 
+RIDGE = 1e-6  # the shortcut's least-squares fit: ridge term per window, on the weights (not the intercept)
+
 
 def sinusoidal_positions(length: int, d_model: int, device=None) -> torch.Tensor:
     """[length, d_model]: sin on even, cos on odd features (Vaswani et al.)."""
@@ -77,19 +79,26 @@ class InstanceNorm(nn.Module):
         """x [B, T, C] with the statistics [B, 1, C] of its window."""
         return (x - mean) / std * self.weight + self.bias
 
-    def denormalise(self, y: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-        """y [B, T, n] normalised values of the last n channels -> their original scale."""
+    def descale(self, y: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """y [B, T, n] normalised values of the last n channels -> their deviations from the
+        window's mean, in the original scale."""
         n = y.shape[-1]
         weight, bias = self.weight[-n:], self.bias[-n:]
-        return (y - bias) / (weight + self.eps**2) * std[..., -n:] + mean[..., -n:]
+        return (y - bias) / (weight + self.eps**2) * std[..., -n:]
+
+    def denormalise(self, y: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """y [B, T, n] normalised values of the last n channels -> their original scale."""
+        return self.descale(y, std) + mean[..., -y.shape[-1]:]
 
 
 class Forecaster(nn.Module):
-    def __init__(self, n_inputs: int, n_outputs: int, *, d_model: int, n_heads: int, encoder_layers: int,
-                 decoder_layers: int, d_ff: int, dropout: float, instance_norm: bool, encoder_attention: DictConfig,
-                 decoder_attention: DictConfig, cross_attention: DictConfig):
+    def __init__(self, n_inputs: int, n_outputs: int, *, seq_len: int, pred_len: int, d_model: int, n_heads: int,
+                 encoder_layers: int, decoder_layers: int, d_ff: int, dropout: float, instance_norm: bool,
+                 linear_shortcut: bool, encoder_attention: DictConfig, decoder_attention: DictConfig,
+                 cross_attention: DictConfig):
         super().__init__()
         self.n_outputs = n_outputs
+        self.shortcut = nn.Linear(seq_len, pred_len) if linear_shortcut else None
         self.instance_norm = InstanceNorm(n_inputs) if instance_norm else None
         self.encoder_embedding = SeriesEmbedding(n_inputs, d_model, dropout)
         self.decoder_embedding = SeriesEmbedding(n_inputs, d_model, dropout)
@@ -99,12 +108,52 @@ class Forecaster(nn.Module):
                                self_attention=decoder_attention, cross_attention=cross_attention, d_ff=d_ff,
                                dropout=dropout, cross_causal=False)
         self.head = nn.Linear(d_model, n_outputs)
+        if self.shortcut is not None:
+            # Fitted in closed form (fit_shortcut), not trained: Adam's steps of ~lr per weight
+            # would soon undo a fit whose weights are ~0.01. The head starts at zero, so the
+            # model starts as the shortcut alone.
+            self.shortcut.requires_grad_(False)
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+
+    @torch.no_grad()
+    def fit_shortcut(self, x: torch.Tensor, y: torch.Tensor, ridge: float = RIDGE, chunk: int = 4096) -> None:
+        """Set the shortcut to the least-squares fit of windows x [N, seq_len, C] -> y
+        [N, pred_len, C]: every forecast channel's future minus its last input value, from
+        its inputs minus that value, one map for all channels (see `linear_forecast`).
+        The normal equations are summed over `chunk` windows at a time, so x and y may be
+        strided views of the series and no [N * C, seq_len] copy is made."""
+        n, seq_len = self.n_outputs, x.shape[1]
+        gram = x.new_zeros(seq_len + 1, seq_len + 1, dtype=torch.float64)
+        moment = x.new_zeros(seq_len + 1, y.shape[1], dtype=torch.float64)
+        for start in range(0, len(x), chunk):
+            xs, ys = x[start:start + chunk, :, -n:].double(), y[start:start + chunk, :, -n:].double()
+            last = xs[:, -1:]  # [chunk, 1, n]
+            inputs = (xs - last).transpose(1, 2).reshape(-1, seq_len)  # [chunk * n, seq_len]
+            inputs = torch.cat([inputs, inputs.new_ones(len(inputs), 1)], dim=1)  # the intercept's column
+            targets = (ys - last).transpose(1, 2).reshape(-1, y.shape[1])  # [chunk * n, pred_len]
+            gram += inputs.T @ inputs
+            moment += inputs.T @ targets
+        diagonal = torch.arange(seq_len)
+        gram[diagonal, diagonal] += ridge * len(x) * n  # not on the intercept
+        solution = torch.linalg.solve(gram, moment)  # [seq_len + 1, pred_len]
+        self.shortcut.weight.copy_(solution[:-1].T)
+        self.shortcut.bias.copy_(solution[-1])
+
+    def linear_forecast(self, x: torch.Tensor) -> torch.Tensor:
+        """The shortcut's forecast, NLinear's (Zeng et al., AAAI 2023): x [B, seq_len, C] ->
+        [B, pred_len, n_outputs], each forecast channel's last value plus a linear map of its
+        inputs' deviations from that value. The map moves with the window's level, not its scale."""
+        last = x[:, -1:, -self.n_outputs:]  # [B, 1, n_outputs]
+        deviations = (x[..., -self.n_outputs:] - last).transpose(1, 2)  # [B, n_outputs, seq_len]
+        return last + self.shortcut(deviations).transpose(1, 2)  # [B, n_outputs, pred_len] -> [B, pred_len, n_outputs]
 
     def forward(self, x: torch.Tensor, x_mark: torch.Tensor, y_known: torch.Tensor, y_mark: torch.Tensor) -> torch.Tensor:
         """x [B, seq_len, C], x_mark [B, seq_len, 5]; y_known [B, label_len, C] (the last
         label_len input steps); y_mark [B, label_len + pred_len, 5].
         Returns the forecast [B, pred_len, n_outputs]."""
         pred_len = y_mark.shape[1] - y_known.shape[1]
+        linear = self.linear_forecast(x) if self.shortcut is not None else None
         if self.instance_norm is not None:
             mean, std = self.instance_norm.statistics(x)
             x, y_known = self.instance_norm.normalise(x, mean, std), self.instance_norm.normalise(y_known, mean, std)
@@ -112,6 +161,10 @@ class Forecaster(nn.Module):
         placeholder = y_known.new_zeros(y_known.shape[0], pred_len, y_known.shape[2])
         h = self.decoder_embedding(torch.cat([y_known, placeholder], dim=1), y_mark)  # [B, label_len + pred_len, D]
         forecast = self.head(self.decoder(h, memory)[:, -pred_len:])  # [B, pred_len, n_outputs]
+        if linear is not None:  # the transformer forecasts the shortcut's residual, in the window's scale
+            if self.instance_norm is not None:
+                forecast = self.instance_norm.descale(forecast, std)
+            return linear + forecast
         if self.instance_norm is not None:
             forecast = self.instance_norm.denormalise(forecast, mean, std)
         return forecast

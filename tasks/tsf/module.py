@@ -43,8 +43,9 @@ class TSFModule(TaskModule):
         """spec: TSFDataModule.spec(), {"columns", "n_outputs", "mean", "std"}."""
         super().__init__(cfg)
         n_inputs, self.n_outputs = len(spec["columns"]), spec["n_outputs"]
-        self.model = Forecaster(n_inputs, self.n_outputs, **encoder_decoder_args(cfg),
-                                instance_norm=cfg.model.instance_norm)
+        self.model = Forecaster(n_inputs, self.n_outputs, seq_len=cfg.data.seq_len, pred_len=cfg.data.pred_len,
+                                **encoder_decoder_args(cfg), instance_norm=cfg.model.instance_norm,
+                                linear_shortcut=cfg.model.linear_shortcut)
         # Unscaling needs the output channels' scaler (the forecast channels are the last
         # n_outputs inputs); the unscaled truth and MASE's scale come with the test batches.
         self.mean = np.asarray(spec["mean"][-self.n_outputs:], dtype=np.float64)
@@ -57,6 +58,15 @@ class TSFModule(TaskModule):
             for prefix in FORECASTERS
         })
         self.linear: LinearForecast | None = None
+
+    def on_train_start(self) -> None:
+        # A new run's shortcut starts at its least-squares fit on every training window
+        # (a resumed run has its trained weights: this hook runs after they are restored).
+        if self.global_step == 0 and self.model.shortcut is not None:
+            data = self.cfg.data
+            values = self.trainer.datamodule.datasets["train"].values  # [rows, C] scaled, on the CPU
+            windows = values.unfold(0, data.seq_len + data.pred_len, 1).transpose(1, 2)  # [N, seq_len + pred_len, C] view
+            self.model.fit_shortcut(windows[:, :data.seq_len], windows[:, data.seq_len:])  # solved on the CPU
 
     def forecast(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(forecast, truth), both [B, pred_len, n_outputs] scaled."""

@@ -1,5 +1,6 @@
 """RevIN (model.instance_norm) against a hand-computed normalisation and its defining
-invariance, and the linear baseline against numpy's least squares."""
+invariance, the model's linear shortcut (model.linear_shortcut) and the linear baseline
+against numpy's least squares."""
 
 import numpy as np
 import pytest
@@ -37,10 +38,11 @@ def test_instance_norm_by_hand_and_round_trip():
         assert torch.allclose(back, x[..., -n:], atol=1e-8)
 
 
-def tiny_forecaster(instance_norm: bool) -> Forecaster:
+def tiny_forecaster(instance_norm: bool, linear_shortcut: bool = False, n_outputs: int = 2) -> Forecaster:
     softmax = OmegaConf.create({"name": "softmax"})
-    return Forecaster(2, 2, d_model=16, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=32, dropout=0.0,
-                      instance_norm=instance_norm, encoder_attention=softmax, decoder_attention=softmax,
+    return Forecaster(2, n_outputs, seq_len=12, pred_len=3, d_model=16, n_heads=2, encoder_layers=1,
+                      decoder_layers=1, d_ff=32, dropout=0.0, instance_norm=instance_norm,
+                      linear_shortcut=linear_shortcut, encoder_attention=softmax, decoder_attention=softmax,
                       cross_attention=softmax).eval()
 
 
@@ -54,11 +56,63 @@ def test_instance_norm_makes_the_forecast_follow_level_and_scale():
     a, c = 3.0, torch.tensor([10.0, -4.0])
     for instance_norm, follows in ((True, True), (False, False)):
         torch.manual_seed(1)
-        model = tiny_forecaster(instance_norm)
+        model = tiny_forecaster(instance_norm)  # no shortcut: its map follows the level only
         with torch.no_grad():
             base = model(x, x_mark, x[:, -6:], y_mark)
             moved = model(a * x + c, x_mark, (a * x + c)[:, -6:], y_mark)
         assert torch.allclose(moved, a * base + c, atol=1e-3) is follows
+
+
+# --- the linear shortcut
+
+
+def test_shortcut_fit_and_forecast_match_numpy_least_squares():
+    # NLinear's map, fitted by hand: every (window, forecast channel) pair is one sample,
+    # its inputs and targets taken relative to the window's last input value.
+    rng = np.random.default_rng(0)
+    series = np.cumsum(rng.normal(size=(80, 2)), axis=0)  # two random walks
+    seq_len, pred_len = 12, 3
+    model = tiny_forecaster(instance_norm=True, linear_shortcut=True, n_outputs=1).double()
+    starts = range(len(series) - seq_len - pred_len + 1)
+    x = torch.as_tensor(np.stack([series[i:i + seq_len] for i in starts]))  # [N, seq_len, 2]
+    y = torch.as_tensor(np.stack([series[i + seq_len:i + seq_len + pred_len] for i in starts]))
+    model.fit_shortcut(x, y, ridge=1e-12, chunk=7)  # a ridge only for the last input, always 0 relative
+    # to itself; 7 windows at a time, so the normal equations are summed over uneven chunks
+
+    inputs, targets = [], []
+    for i in starts:  # the forecast channel is the last one
+        last = series[i + seq_len - 1, 1]
+        inputs.append(np.append(series[i:i + seq_len, 1] - last, 1.0))
+        targets.append(series[i + seq_len:i + seq_len + pred_len, 1] - last)
+    weights = np.linalg.lstsq(np.array(inputs), np.array(targets), rcond=None)[0]  # [seq_len + 1, pred_len], min-norm
+    assert np.allclose(model.shortcut.weight.detach().numpy(), weights[:-1].T, atol=1e-6)
+    assert np.allclose(model.shortcut.bias.detach().numpy(), weights[-1], atol=1e-6)
+
+    new = rng.normal(size=(4, seq_len, 2)) * 3 + 5
+    last = new[:, -1:, 1]  # [4, 1]
+    expected = last + np.concatenate([new[:, :, 1] - last, np.ones((4, 1))], axis=1) @ weights  # [4, pred_len]
+    linear = model.linear_forecast(torch.as_tensor(new))
+    assert np.allclose(linear[..., 0].detach().numpy(), expected, atol=1e-6)
+    # The transformer's head starts at zero: a new model forecasts the shortcut's forecast.
+    marks = torch.zeros(4, seq_len, 5, dtype=torch.long), torch.zeros(4, 6 + pred_len, 5, dtype=torch.long)
+    with torch.no_grad():
+        forecast = model(torch.as_tensor(new), marks[0], torch.as_tensor(new[:, -6:]), marks[1])
+    assert np.allclose(forecast[..., 0].numpy(), expected, atol=1e-6)
+
+
+def test_shortcut_is_shared_by_the_channels_and_follows_the_level():
+    # One map for every forecast channel, fitted on all of them; a window moved by c per
+    # channel is forecast moved by c (the inputs enter only relative to the last value).
+    t = np.arange(60, dtype=np.float64)
+    series = np.stack([0.5 * t, -2.0 * t + 40], axis=1)  # lines: each step continues the slope
+    model = tiny_forecaster(instance_norm=False, linear_shortcut=True)
+    starts = range(len(series) - 15 + 1)
+    x = torch.as_tensor(np.stack([series[i:i + 12] for i in starts]), dtype=torch.float32)
+    y = torch.as_tensor(np.stack([series[i + 12:i + 15] for i in starts]), dtype=torch.float32)
+    model.fit_shortcut(x, y)
+    later = torch.as_tensor(series[None, :12] + [100.0, -7.0], dtype=torch.float32)  # rows 0..11, moved
+    expected = series[12:15] + [100.0, -7.0]
+    assert np.allclose(model.linear_forecast(later)[0].detach().numpy(), expected, atol=1e-3)
 
 
 # --- the baselines
