@@ -11,6 +11,14 @@
 
 Both read the tokens through one embedding that also serves as the output head, and
 decode step by step through the attentions' states (`decode`), the path generation uses.
+
+With model.token_shift, each position also adds an embedding of the token before it (a
+shift, as the short convolutions of Zoology's gated-convolution models and RWKV's token
+shift do): a value then carries its key from the first layer on, so the runs measure
+whether the attention can store and find the pairs, not how long a model takes to learn
+a previous-token head (without it, softmax sat for over a thousand steps at the accuracy
+of guessing among the values not yet asked). It adds d_model numbers per sequence to
+the decode state, for the whole model.
 """
 
 import torch
@@ -32,6 +40,10 @@ class RecallModel(nn.Module):
         self.cross = variant == "cross"
         self.embed = nn.Embedding(vocab_size, model.d_model)
         nn.init.normal_(self.embed.weight, std=0.02)
+        self.shift = None
+        if model.token_shift:
+            self.shift = nn.Embedding(vocab_size, model.d_model)
+            nn.init.normal_(self.shift.weight, std=0.02)
         sizes = dict(d_model=model.d_model, n_heads=model.n_heads, n_layers=model.n_layers, d_ff=model.d_ff)
         if self.cross:
             softmax = attention_defaults("softmax")
@@ -50,20 +62,31 @@ class RecallModel(nn.Module):
         target[:, : self.source_len] = BLANK
         return inputs[:, : self.source_len], target
 
+    def read(self, tokens: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [B, t] -> [B, t, D]: their embeddings, plus with token_shift those of the
+        tokens one position earlier (`previous` [B, 1]: the token before tokens[:, 0];
+        None at the start of a sequence, where nothing is added)."""
+        x = self.embed(tokens)
+        if self.shift is None:
+            return x
+        before = self.shift(tokens[:, :-1])  # [B, t - 1]: for positions 1.. of tokens
+        first = self.shift(previous) if previous is not None else x.new_zeros(x.shape[0], 1, x.shape[2])
+        return x + torch.cat([first, before], dim=1)
+
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.embed.weight.T  # [B, T, D] -> [B, T, V]
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: inputs [B, T] -> logits [B, T, V], every position at once."""
         source, tokens = self.split(inputs)
-        x = self.embed(tokens)
-        h = self.decoder(x, self.encoder(self.embed(source))) if self.cross else self.decoder(x)
+        x = self.read(tokens)
+        h = self.decoder(x, self.encoder(self.read(source))) if self.cross else self.decoder(x)
         return self.head(h)
 
     def init_state(self, source: torch.Tensor | None, batch_size: int) -> tuple:
         """The decode state before the first token (the cross variant encodes the source here, once)."""
         if self.cross:
-            return self.decoder.init_state(batch_size, self.encoder(self.embed(source)))
+            return self.decoder.init_state(batch_size, self.encoder(self.read(source)))
         return self.decoder.init_state(batch_size)
 
     @torch.no_grad()
@@ -75,6 +98,7 @@ class RecallModel(nn.Module):
         state = self.init_state(source, tokens.shape[0])
         logits = []
         for t in range(tokens.shape[1]):
-            h, state = self.decoder.step(self.embed(tokens[:, t : t + 1]), state)
+            x = self.read(tokens[:, t : t + 1], tokens[:, t - 1 : t] if t > 0 else None)
+            h, state = self.decoder.step(x, state)
             logits.append(self.head(h))
         return torch.cat(logits, dim=1)

@@ -153,3 +153,16 @@ def test_cross_variant_reads_the_pairs_only_through_the_cross_site(tmp_path):
     changed[0, 1] = 31 if changed[0, 1] != 31 else 30
     with torch.no_grad():
         assert not torch.allclose(model(inputs)[:, 10:], model(changed)[:, 10:])
+
+
+def test_token_shift_adds_the_previous_tokens_embedding(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    model = RecallModel(32, 5, "self", cfg.model, cfg.model.attention)
+    tokens = torch.tensor([[3, 17, 0, 5]])
+    x = model.read(tokens)
+    E, S = model.embed.weight, model.shift.weight
+    expected = torch.stack([E[3], E[17] + S[3], E[0] + S[17], E[5] + S[0]])
+    assert torch.allclose(x[0], expected)
+    assert torch.allclose(model.read(tokens[:, 2:], previous=tokens[:, 1:2])[0], expected[2:])
+    plain = RecallModel(32, 5, "self", OmegaConf.merge(cfg.model, {"token_shift": False}), cfg.model.attention)
+    assert plain.shift is None and torch.equal(plain.read(tokens)[0], plain.embed.weight[tokens[0]])
