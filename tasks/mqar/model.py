@@ -16,9 +16,9 @@ With model.token_shift, each position also adds an embedding of the token before
 shift, as the short convolutions of Zoology's gated-convolution models and RWKV's token
 shift do): a value then carries its key from the first layer on, so the runs measure
 whether the attention can store and find the pairs, not how long a model takes to learn
-a previous-token head (without it, softmax sat for over a thousand steps at the accuracy
-of guessing among the values not yet asked). It adds d_model numbers per sequence to
-the decode state, for the whole model.
+a previous-token head (without it, a 2-layer softmax model must first learn one, which
+takes longer than the default run: README, "Associative recall"). It adds d_model
+numbers per sequence to the decode state, for the whole model.
 """
 
 import torch
