@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
 from . import tasks
+from .attention import ATTENTION_NAMES
 from .compositional_index import CI_METRICS, cab_dataset, compositional_index
 from .config import compose
 from .errors import ConfigError
@@ -346,9 +347,11 @@ def plot_recall(runs: list[Run], path: Path) -> bool:
     for ax, (variant, lines) in zip(fig.subplots(1, len(points), squeeze=False)[0], sorted(points.items())):
         for name, by_size in sorted(lines.items()):
             sizes = sorted(by_size)
-            ax.plot(sizes, [sum(by_size[s]) / len(by_size[s]) for s in sizes], marker="o", label=name)
+            color = f"C{sorted(ATTENTION_NAMES).index(name)}" if name in ATTENTION_NAMES else None  # one per attention
+            ax.plot(sizes, [sum(by_size[s]) / len(by_size[s]) for s in sizes], marker="o", label=name, color=color)
         ax.set(xscale="log", xlabel="decode state per sequence and layer (numbers)", ylabel="test accuracy",
                ylim=(-0.02, 1.02), title=f"MQAR recall, variant {variant}")
+        ax.minorticks_off()
         ax.legend()
     fig.tight_layout()
     save_figure(fig, path)
