@@ -21,6 +21,7 @@ metric: a point per attention with std error bars, the baselines as dashed lines
 y axis spanning the data rather than starting at 0; report-<n>.png per group when there
 are several) and, with runs of two or more tasks, CAB's compositional index per
 pattern (lavo_tasks.compositional_index) in report.md and compositional_index.csv.
+With task=mqar runs, recall.png: test accuracy against decode state size (plot_recall).
 """
 
 import csv
@@ -36,6 +37,7 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
 from . import tasks
+from .attention import ATTENTION_NAMES
 from .compositional_index import CI_METRICS, cab_dataset, compositional_index
 from .config import compose
 from .errors import ConfigError
@@ -460,6 +462,34 @@ def index_markdown(groups: list[Group]) -> tuple[str, str]:
     return "\n".join(lines), out.getvalue()
 
 
+def plot_recall(runs: list[Run], path: Path) -> bool:
+    """task=mqar's recall against memory: test_acc (mean over seeds) against
+    test_state_size (numbers per sequence and layer, log scale), one line per attention
+    and one panel per data.variant, over every finished mqar run whatever its other keys
+    (a sweep over window, rank, slots and width). False when there is no such run."""
+    points: dict[str, dict[str, dict[float, list[float]]]] = {}  # variant -> attention -> size -> accuracies
+    for run in runs:
+        if run.cfg is None or run.cfg.task != "mqar" or not run.metrics or "test_state_size" not in run.metrics:
+            continue
+        by_size = points.setdefault(run.cfg.data.variant, {}).setdefault(run.cfg.model.attention.name, {})
+        by_size.setdefault(run.metrics["test_state_size"], []).append(run.metrics["test_acc"])
+    if not points:
+        return False
+    fig = Figure(figsize=(5 * len(points), 4))
+    for ax, (variant, lines) in zip(fig.subplots(1, len(points), squeeze=False)[0], sorted(points.items())):
+        for name, by_size in sorted(lines.items()):
+            sizes = sorted(by_size)
+            color = f"C{sorted(ATTENTION_NAMES).index(name)}" if name in ATTENTION_NAMES else None  # one per attention
+            ax.plot(sizes, [sum(by_size[s]) / len(by_size[s]) for s in sizes], marker="o", label=name, color=color)
+        ax.set(xscale="log", xlabel="decode state per sequence and layer (numbers)", ylabel="test accuracy",
+               ylim=(-0.02, 1.02), title=f"MQAR recall, variant {variant}")
+        ax.minorticks_off()
+        ax.legend()
+    fig.tight_layout()
+    save_figure(fig, path)
+    return True
+
+
 def write_report(dirs: Sequence, out: Path) -> str:
     """Build the report of the runs in `dirs` into `out`; returns the Markdown."""
     runs = find_runs([str(d) for d in dirs])
@@ -478,6 +508,9 @@ def write_report(dirs: Sequence, out: Path) -> str:
         parts += [markdown(table), f"![{table.group.title}]({png})" if table.metrics else "(no finished run to plot)", ""]
     if unreadable:
         parts += ["Runs without a readable configuration (failed):", *(f"- {r.dir}: {r.problem}" for r in unreadable), ""]
+    if plot_recall(runs, out / "recall.png"):
+        parts += ["MQAR: test accuracy against decode state size, one line per attention.", "",
+                  "![recall against state size](recall.png)", ""]
     if n_tasks >= 2:
         text, index_csv = index_markdown(groups)
         parts.append(text)
