@@ -5,6 +5,7 @@ Figures are made with `matplotlib.figure.Figure` (not pyplot), so no global back
 state is touched and nothing needs a display.
 """
 
+import math
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,7 +46,11 @@ def format_metrics(metrics: dict[str, float], names: Sequence[str]) -> str:
 def readable_ylim(ax, values: Sequence[float], min_relative_span: float = 0.1) -> None:
     """Set y limits that show every value with some margin and span at least
     `min_relative_span` of the values' mid-point: matplotlib's autoscale would stretch a
-    change of 0.02 around 3.1 to the full height of the axis, where it reads as a slope."""
+    change of 0.02 around 3.1 to the full height of the axis, where it reads as a slope.
+    Non-finite values (a metric a run could not compute) are left to matplotlib."""
+    values = [v for v in values if math.isfinite(v)]
+    if not values:
+        return
     low, high = min(values), max(values)
     mid = (low + high) / 2
     half = max((high - low) / 2 * 1.15, abs(mid) * min_relative_span / 2, 1e-12)

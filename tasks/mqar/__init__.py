@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from lavo_tasks.attention import PATTERN_NAMES, block_class
+from lavo_tasks.attention import PATTERN_NAMES, block_class, check_attention_config
 from lavo_tasks.config import check_rules, site_attention
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
@@ -44,7 +44,7 @@ def check_config(cfg: DictConfig) -> None:
         if pattern not in block.patterns:
             raise ConfigError(f"attention={attention.name}: attention {attention.name!r} has no {PATTERN_NAMES[pattern]} "
                               f"({pattern}), which data.variant=cross tests; use softmax, lavo or gsa, or data.variant=self")
-        block.check_config(attention, model.d_model, model.n_heads, pattern)
+        check_attention_config(attention, model.d_model, model.n_heads, pattern)
     if data.path and Path(data.path).is_file():  # a missing path: the runner's own error
         check_saved_set(data)
 
