@@ -23,6 +23,9 @@ file `configs/task/<name>.yaml`; its `__init__.py` exports `TASK = Task(...)`:
   `site_patterns(cfg)` gives every site's pattern for one configuration: what the config
   check asks each site's attention to run, what --help shows and what the report's
   compositional index files a run under. Use `sites` for the site names only.
+- `patterns_of`: for a task whose sites change pattern in ways `causal_keys` cannot say
+  (mqar's one site is causal self-attention or a cross site, by `data.variant`), a
+  function cfg -> {site: pattern} that `site_patterns` returns instead.
 - `baselines`: the names of the model-free reference metrics the test reports beside the
   model's (e.g. `test_last_value_mse`), so a reader of metrics.json can tell them apart.
 """
@@ -48,9 +51,12 @@ class Task:
     sites: Mapping[str, str]
     baselines: tuple[str, ...] = field(default=())
     causal_keys: Mapping[str, str] = field(default_factory=dict)
+    patterns_of: Callable[[DictConfig], dict[str, str]] | None = None
 
     def site_patterns(self, cfg: DictConfig) -> dict[str, str]:
-        """{site: pattern} this configuration runs (see `causal_keys`)."""
+        """{site: pattern} this configuration runs (see `causal_keys` and `patterns_of`)."""
+        if self.patterns_of is not None:
+            return self.patterns_of(cfg)
         patterns = dict(self.sites)
         for site, key in self.causal_keys.items():
             causal = OmegaConf.select(cfg, key)

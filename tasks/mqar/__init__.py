@@ -13,9 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from lavo_tasks.attention import PATTERN_NAMES, block_class, check_attention_config
-from lavo_tasks.config import check_rules, site_attention
-from lavo_tasks.errors import ConfigError
+from lavo_tasks.config import check_rules
 from lavo_tasks.task import Task
 
 from .data import MQARDataModule as DataModule
@@ -37,20 +35,13 @@ def check_config(cfg: DictConfig) -> None:
         ("model.d_ff", model.d_ff >= 1, ">= 1"),
     ])
     check_sizes(data)
-    if data.variant == "cross":  # the task declares the site CS; here it is the cross site
-        pattern = recall_site(cfg)[0]
-        attention = site_attention(cfg, "attention")
-        block = block_class(attention.name)
-        if pattern not in block.patterns:
-            raise ConfigError(f"attention={attention.name}: attention {attention.name!r} has no {PATTERN_NAMES[pattern]} "
-                              f"({pattern}), which data.variant=cross tests; use softmax, lavo or gsa, or data.variant=self")
-        check_attention_config(attention, model.d_model, model.n_heads, pattern)
     if data.path and Path(data.path).is_file():  # a missing path: the runner's own error
         check_saved_set(data)
 
 
 # One site, `model.attention`: the LM's causal self-attention (data.variant=self), or the
-# decoder's cross-attention (data.variant=cross, checked by check_config for CC or NC).
-TASK = Task(name="mqar", DataModule=DataModule, Module=Module, check_config=check_config, sites={"attention": "CS"})
+# decoder's cross-attention (data.variant=cross: CC or NC, which site_patterns reports).
+TASK = Task(name="mqar", DataModule=DataModule, Module=Module, check_config=check_config, sites={"attention": "CS"},
+            patterns_of=lambda cfg: {"attention": recall_site(cfg)[0]})
 
 __all__ = ["TASK", "DataModule", "Module", "check_config"]

@@ -97,7 +97,7 @@ def test_saved_set_is_reused_exactly_and_checked(tmp_path):
     (["data.num_queries=6"], r"^data\.num_queries=6: must be in \[1, data\.num_kv_pairs=5\]"),
     (["data.seq_len=14"], r"^data\.seq_len=14: must be >= 2 \* num_kv_pairs \+ 2 \* num_queries - 1 = 15"),
     (["data.variant=both"], r"^data\.variant='both': must be one of self, cross"),
-    (["data.variant=cross", "attention=local", "attention.window=4"], r"^attention=local: .* no noncausal cross"),
+    (["data.variant=cross", "attention=local", "attention.window=4"], r"^model.attention=local: .* does not support noncausal cross-attention \(NC\)"),
 ])
 def test_bad_input_names_the_key(tmp_path, args, message):
     with pytest.raises(ConfigError, match=message):
