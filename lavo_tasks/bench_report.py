@@ -132,10 +132,22 @@ def kernel_shape(r: dict) -> str:
     return f"{r['B']} x {fmt_len(r['T'])}"
 
 
+def pattern_shape(r: dict) -> str:
+    """`NS, 64 x 1K`; cross patterns `CC, 8 x 512 over 1K` (target positions over the source)."""
+    if "target" in r:
+        return f"{r['pattern']}, {r['B']} x {fmt_len(r['target'])} over {fmt_len(r['T'])}"
+    return f"{r['pattern']}, {kernel_shape(r)}"
+
+
 TABLES = [
-    Table("kernel-train", lambda r: r.get("kind") == "kernel", ("op", "B", "T", "fwd_ms", "fwd_bwd_ms", "peak_mib"),
+    Table("kernel-train", lambda r: r.get("kind") == "kernel" and r.get("pattern", "CS") == "CS", ("op", "B", "T", "fwd_ms", "fwd_bwd_ms", "peak_mib"),
           lambda r: (r["op"], (r["T"], r["B"])),
           wide(kernel_shape, "B x T", KERNEL_OPS,
+               lambda r: f"{r['fwd_ms']:.2f} / {r['fwd_bwd_ms']:.2f} ({r['peak_mib']:.0f})", OP_HEADERS)),
+    Table("kernel-patterns", lambda r: r.get("kind") == "kernel" and r.get("pattern", "CS") != "CS",
+          ("op", "pattern", "B", "T", "fwd_ms", "fwd_bwd_ms", "peak_mib"),
+          lambda r: (r["op"], (r["pattern"], r["T"], r["B"])),
+          wide(pattern_shape, "pattern, shape", KERNEL_OPS,
                lambda r: f"{r['fwd_ms']:.2f} / {r['fwd_bwd_ms']:.2f} ({r['peak_mib']:.0f})", OP_HEADERS)),
     Table("kernel-decode", lambda r: r.get("kind") == "decode", ("op", "B", "T", "decode_ms", "state_mib"),
           lambda r: (r["op"], (r["T"], r["B"])),
