@@ -19,7 +19,6 @@ before it (the weights), the encoder and prefill included. Writes
 OUT/bench_decode_<task>.jsonl and prints a Markdown table. Needs CUDA.
 """
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from . import tasks
 from .attention import ATTENTION_NAMES
-from .bench_e2e import bench_config
+from .bench_e2e import bench_config, record
 from .config import split_args
 from .errors import ConfigError
 from .generation import generate, generate_frames
@@ -172,16 +171,8 @@ def bench(args: list[str]) -> list[dict]:
                 for beam in beams:
                     run = decode_run(task, model, context, beam, device)
                     for mode in modes:
-                        row = {"attention": name, "context": context, "beam": beam, "mode": mode}
-                        try:
-                            row |= measure(run, tokens, MODES[mode])
-                        except torch.OutOfMemoryError as err:  # recorded, not fatal
-                            row["error"] = f"out of memory: {err}"[:200]
-                        torch.cuda.empty_cache()
-                        rows.append(row)
-                        log.write(json.dumps({**meta, **row}) + "\n")
-                        log.flush()
-                        print(json.dumps(row), flush=True)
+                        rows.append(record({"attention": name, "context": context, "beam": beam, "mode": mode},
+                                           log, meta, lambda: measure(run, tokens, MODES[mode])))
             del model
             torch.cuda.empty_cache()
     print(markdown_table(task, rows))

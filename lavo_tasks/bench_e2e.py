@@ -34,6 +34,7 @@ import json
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -172,6 +173,22 @@ def gpu_ms_per_step(step, profile_path: Path | None) -> float:
     return device_us / PROFILED_STEPS / 1e3
 
 
+def record(row: dict, log, meta: dict, measure: Callable[[], dict]) -> dict:
+    """`row` with `measure()`'s figures (an out-of-memory error is recorded in the row, not
+    raised), after freeing the allocator's cache; written to the JSONL `log` with `meta`
+    and printed. Shared by the benchmarks of this package."""
+    try:
+        row |= measure()
+    except torch.OutOfMemoryError as err:
+        row["error"] = f"out of memory: {err}"[:200]
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    log.write(json.dumps({**meta, **row}) + "\n")
+    log.flush()
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def markdown_table(task: str, rows: list[dict]) -> str:
     lines = [f"| {task}: attention | samples/s | tokens/s | step ms | gpu ms | wall / gpu | syncs / step "
              "| peak GiB | params |", "|---|---|---|---|---|---|---|---|---|"]
@@ -228,18 +245,10 @@ def bench(args: list[str], allow_cpu: bool = False) -> list[dict]:
     rows = []
     with (out / f"bench_e2e_{task}.jsonl").open("w") as log:
         for name, (cfg, cross_fallback) in configs.items():
-            row = {"attention": name, "cross_fallback": cross_fallback}
-            try:
-                profile_path = out / f"profile_{task}_{name}.txt" if profile else None
-                row |= training_throughput(cfg, int(options["steps"]), device, options["compile"], profile_path)
-            except torch.OutOfMemoryError as err:  # recorded, not fatal
-                row["error"] = f"out of memory: {err}"[:200]
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            rows.append(row)
-            log.write(json.dumps({**meta, **row}) + "\n")
-            log.flush()
-            print(json.dumps(row), flush=True)
+            profile_path = out / f"profile_{task}_{name}.txt" if profile else None
+            rows.append(record({"attention": name, "cross_fallback": cross_fallback}, log, meta,
+                               lambda: training_throughput(cfg, int(options["steps"]), device, options["compile"],
+                                                           profile_path)))
     print(markdown_table(task, rows))
     return rows
 

@@ -17,6 +17,7 @@ import torch
 import torch._dynamo
 
 from attention_cases import attention_cfg, padding_mask, supported
+from compare import max_rel_error
 from lavo_tasks.attention import build_attention
 
 pytestmark = pytest.mark.gpu
@@ -87,6 +88,6 @@ def test_inductor_fullgraph_equals_eager(name, pattern):
             assert got is None or not got.any(), i
             continue
         nonzero += 1
-        err = (got.double() - want.double()).abs().max() / want.double().abs().max()
+        err = max_rel_error(got, want)
         assert err <= 1e-3, f"tensor {i}: relative max error {err:.2e}"
     assert nonzero >= len(eager) - 2
