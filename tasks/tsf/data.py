@@ -254,11 +254,6 @@ class TSFDataModule(TaskDataModule):
     val_order_seed = VAL_ORDER_SEED
     default_name = DEFAULT_FILE
 
-    def test_dataloader(self):
-        # Every process reads the whole test split: MASE, sMAPE and ND come from gluonts'
-        # evaluators (tasks/tsf/metrics.py), which do not sum across processes.
-        return self.eval_loader(self.datasets["test"])
-
     def default_recipe(self) -> dict:
         return {"builder": "tsf.write_default_csv", "version": DEFAULT_VERSION, "rows": DEFAULT_ROWS,
                 "seed": DEFAULT_DATA_SEED, "drift_scale": DRIFT_SCALE, "drift_level": DRIFT_LEVEL,

@@ -19,7 +19,7 @@ import lavo_tasks.run.commands
 from lavo_tasks import evaluate, train
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.tsf.data import TSFDataModule
-from lavo_tasks.tasks.tsf.metrics import GluonTSErrors, seasonal_errors
+from lavo_tasks.tasks.tsf.metrics import ForecastErrors, seasonal_errors
 from lavo_tasks.tasks.tsf.module import TSFModule
 
 with warnings.catch_warnings():  # gluonts suggests faster json packages on import
@@ -40,13 +40,18 @@ ATTENTION_ARGS = {
 # --- metrics by hand
 
 
-def test_gluonts_errors_by_hand():
+def forecast_errors(prediction, truth, seasonal_error) -> ForecastErrors:
+    errors = ForecastErrors()
+    errors.update(*(torch.as_tensor(a) for a in (prediction, truth, seasonal_error)))
+    return errors
+
+
+def test_forecast_errors_by_hand():
     # Two windows, horizon 2, one channel; seasonal errors 2 and 1.
     truth = np.array([[[2.0], [4.0]], [[1.0], [3.0]]])
     prediction = np.array([[[3.0], [4.0]], [[1.0], [1.0]]])
-    errors = GluonTSErrors()
-    errors.update(prediction[:1], truth[:1], np.array([[2.0]]))
-    errors.update(prediction[1:], truth[1:], np.array([[1.0]]))
+    errors = forecast_errors(prediction[:1], truth[:1], np.array([[2.0]]))
+    errors.update(*(torch.as_tensor(a) for a in (prediction[1:], truth[1:], np.array([[1.0]]))))
     figures = errors.compute()
     # absolute errors 1, 0 | 0, 2
     assert figures["mase"] == pytest.approx((1 / 2 + 0 / 2 + 0 / 1 + 2 / 1) / 4)
@@ -54,12 +59,40 @@ def test_gluonts_errors_by_hand():
     assert figures["nd"] == pytest.approx((1 + 0 + 0 + 2) / (2 + 4 + 1 + 3))
 
 
-def test_gluonts_errors_keep_channels_apart():
+def test_forecast_errors_keep_channels_apart():
     # [B=1, H=2, C=2]: channel 0 is off by 1 with seasonal error 1, channel 1 off by 4 with 4.
     truth = np.array([[[10.0, 20.0], [10.0, 20.0]]])
-    errors = GluonTSErrors()
-    errors.update(truth + np.array([1.0, 4.0]), truth, np.array([[1.0, 4.0]]))
-    assert errors.compute()["mase"] == pytest.approx(1.0)
+    assert forecast_errors(truth + np.array([1.0, 4.0]), truth, np.array([[1.0, 4.0]])).compute()["mase"] == 1.0
+
+
+def gluonts_figures(prediction: np.ndarray, truth: np.ndarray, seasonal_error: np.ndarray) -> dict[str, float]:
+    """The reference: gluonts' own evaluation (gluonts.ev, aggregated over everything),
+    each (window, channel) one forecast of H steps, the point forecast as its median."""
+    from gluonts.ev.metrics import MASE, ND, SMAPE
+
+    evaluator = (MASE() + SMAPE() + ND())(axis=None)
+    evaluator.update({"label": truth.transpose(0, 2, 1).reshape(-1, truth.shape[1]),  # [B * C, H]
+                      "0.5": prediction.transpose(0, 2, 1).reshape(-1, prediction.shape[1]),
+                      "seasonal_error": seasonal_error.reshape(-1, 1)})  # [B * C, 1]
+    values = evaluator.get()
+    return {"mase": float(values["MASE[0.5]"]), "smape": float(values["sMAPE[0.5]"]), "nd": float(values["ND[0.5]"])}
+
+
+def test_forecast_errors_equal_gluonts_and_sum_over_processes():
+    rng = np.random.default_rng(0)
+    truth = rng.normal(5.0, 2.0, size=(7, 3, 2))  # [windows, horizon, channels]
+    prediction = truth + rng.normal(0.0, 1.0, size=truth.shape)
+    seasonal_error = rng.uniform(0.5, 2.0, size=(7, 2))
+    whole = gluonts_figures(prediction, truth, seasonal_error)
+    assert forecast_errors(prediction, truth, seasonal_error).compute() == pytest.approx(whole, rel=1e-12)
+    # Two processes' shares (4 and 3 windows, as ShardSampler cuts 7): the states of one
+    # merged into the other, as torchmetrics sums them over processes, give the whole.
+    assert forecast_errors(prediction[:4], truth[:4], seasonal_error[:4]).compute() != pytest.approx(whole)
+    first = forecast_errors(prediction[:4], truth[:4], seasonal_error[:4])
+    second = forecast_errors(prediction[4:], truth[4:], seasonal_error[4:])
+    for name in ("mase", "smape", "nd"):
+        getattr(first, name).merge_state(getattr(second, name))
+    assert first.compute() == pytest.approx(whole, rel=1e-12)
 
 
 def test_seasonal_errors_match_gluonts():
