@@ -68,6 +68,21 @@ class TSFModule(TaskModule):
             values = self.trainer.datamodule.datasets["train"].values  # [rows, C] scaled, on the CPU
             windows = values.unfold(0, data.seq_len + data.pred_len, 1).transpose(1, 2)  # [N, seq_len + pred_len, C] view
             self.model.fit_shortcut(windows[:, :data.seq_len], windows[:, data.seq_len:])  # solved on the CPU
+            if self.trainer.ckpt_path is None:
+                self.validate_start()
+
+    def validate_start(self) -> None:
+        """Validate, and so checkpoint, the fitted shortcut at step 0, before any training
+        step (the head starts at zero, so the model is the shortcut alone): best.ckpt then
+        holds the shortcut unless training lowers val_loss below it, and early stopping
+        counts from it. Runs the fit loop's own validation, as Lightning does every
+        val_check_interval steps."""
+        trainer = self.trainer
+        first_loop_iter = trainer._logger_connector._first_loop_iter
+        trainer.validating = True
+        trainer.fit_loop.epoch_loop.val_loop.run()
+        trainer.training = True
+        trainer._logger_connector._first_loop_iter = first_loop_iter
 
     def forecast(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(forecast, truth), both [B, pred_len, n_outputs] scaled."""

@@ -229,6 +229,56 @@ def test_softmax_learns_and_evaluate_reproduces(tmp_path):
     assert evaluate.run([f"run.dir={run_dir}"]) == pytest.approx(metrics)
 
 
+def periodic_csv(path: Path, rows: int = 400) -> Path:
+    """Hourly rows (fewer than an ETTh file: split 70/10/20 %); `OT` of periods 13 and 23 hours
+    plus noise (noiseless, a linear map of the last steps would forecast it exactly)."""
+    i = np.arange(rows)
+    noise = np.random.default_rng(0).normal(0.0, 0.3, size=rows)
+    pd.DataFrame({"date": pd.date_range("2020-01-01", periods=rows, freq="h"),
+                  "OT": np.sin(2 * np.pi * i / 13) + 0.5 * np.cos(2 * np.pi * i / 23) + noise}).to_csv(path, index=False)
+    return path
+
+
+def nlinear_mse(train: np.ndarray, evaluated: np.ndarray, seq_len: int, pred_len: int) -> float:
+    """NLinear (one channel) by plain least squares on every training window, with the
+    inputs and targets relative to the window's last input and an intercept; its MSE
+    on every window of `evaluated`. Both series 1-d."""
+    def pairs(series):
+        n = len(series) - seq_len - pred_len + 1
+        x = np.stack([series[i:i + seq_len] for i in range(n)])
+        y = np.stack([series[i + seq_len:i + seq_len + pred_len] for i in range(n)])
+        return np.concatenate([x - x[:, -1:], np.ones((n, 1))], axis=1), y - x[:, -1:]
+
+    inputs, targets = pairs(train)
+    weights = np.linalg.lstsq(inputs, targets, rcond=None)[0]  # [seq_len + 1, pred_len]
+    inputs, targets = pairs(evaluated)
+    return float(np.mean((inputs @ weights - targets) ** 2))
+
+
+@pytest.mark.slow
+def test_step_zero_is_validated_and_kept_when_training_only_hurts(tmp_path):
+    # The shortcut alone is validated and checkpointed at step 0; a learning rate of 1 wrecks
+    # the transformer at once, so best.ckpt stays the step-0 shortcut and the test scores it.
+    run_dir = tmp_path / "run"
+    metrics = train.run([
+        "task=tsf", *TINY, f"data.path={periodic_csv(tmp_path / 'periodic.csv')}", "data.mode=S", f"run.dir={run_dir}",
+        "optim.lr=1.0", "optim.warmup_steps=1", "trainer.max_steps=6", "trainer.val_check_interval=3",
+        "trainer.limit_val_batches=2", "trainer.early_stopping_patience=0", "trainer.enable_progress_bar=false",
+    ])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 3, 6]
+    # (the validation windows, 37 of 400 rows at 70/10/20 %, fit in its 2 batches)
+    assert all(r["val_loss"] > records[0]["val_loss"] for r in records[1:])
+    assert json.loads((run_dir / "metrics.meta.json").read_text())["checkpoint"]["step"] == 0
+
+    dm = TSFDataModule(tiny_config(tmp_path, f"data.path={tmp_path / 'periodic.csv'}", "data.mode=S"))
+    dm.setup("fit")
+    train_rows, val_rows, test_rows = (dm.datasets[s].values[:, 0].double().numpy() for s in ("train", "val", "test"))
+    assert records[0]["val_loss"] == pytest.approx(nlinear_mse(train_rows, val_rows, 16, 4), rel=1e-3)
+    assert metrics["test_mse"] == pytest.approx(nlinear_mse(train_rows, test_rows, 16, 4), rel=1e-3)
+    assert metrics["test_mse"] < metrics["test_last_value_mse"]  # (the premise: the shortcut forecasts something)
+
+
 class CrashAt(L.Callback):
     def __init__(self, step: int):
         self.step = step
