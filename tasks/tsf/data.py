@@ -41,8 +41,8 @@ from .metrics import seasonal_errors
 
 MODES = ("S", "M", "MS")
 SPLITS = ("train", "val", "test")
-# month, day of month, weekday, hour, minute: the columns of time_features(), 0-based
-TIME_FEATURE_SIZES = (12, 31, 7, 24, 60)
+# The columns of time_features(), 0-based, and how many values each takes.
+TIME_FEATURES = {"month": 12, "day": 31, "weekday": 7, "hour": 24, "minute": 60}
 
 ETT_MONTH_ROWS = 30 * 24  # an ETTh "month": 30 days of hourly rows
 ETT_LAYOUTS = {pd.Timedelta("1h"): 1, pd.Timedelta("15min"): 4}  # time step -> rows per hour

@@ -45,7 +45,7 @@ class TSFModule(TaskModule):
         n_inputs, self.n_outputs = len(spec["columns"]), spec["n_outputs"]
         self.model = Forecaster(n_inputs, self.n_outputs, seq_len=cfg.data.seq_len, pred_len=cfg.data.pred_len,
                                 **encoder_decoder_args(cfg), instance_norm=cfg.model.instance_norm,
-                                linear_shortcut=cfg.model.linear_shortcut)
+                                linear_shortcut=cfg.model.linear_shortcut, calendar=list(cfg.model.calendar))
         # Unscaling needs the output channels' scaler (the forecast channels are the last
         # n_outputs inputs); the unscaled truth and MASE's scale come with the test batches.
         self.mean = np.asarray(spec["mean"][-self.n_outputs:], dtype=np.float64)

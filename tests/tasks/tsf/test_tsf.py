@@ -189,6 +189,22 @@ def test_forecast_uses_only_known_steps(tmp_path, mode, n_outputs):
     assert not torch.equal(module.forecast(changed)[0], prediction)
 
 
+def test_embedding_reads_only_the_calendar_features_named():
+    from lavo_tasks.tasks.tsf.model import SeriesEmbedding
+
+    torch.manual_seed(0)
+    embedding = SeriesEmbedding(1, 8, dropout=0.0, calendar=["weekday", "hour"])
+    values = torch.randn(2, 5, 1)
+    marks = torch.zeros(2, 5, 5, dtype=torch.long)  # month, day, weekday, hour, minute
+    base = embedding(values, marks)
+    for column, read in [(0, False), (1, False), (2, True), (3, True), (4, False)]:
+        moved = marks.clone()
+        moved[..., column] = 3
+        assert torch.equal(embedding(values, moved), base) is not read, column
+    with_no_calendar = SeriesEmbedding(1, 8, dropout=0.0, calendar=[])
+    assert len(list(with_no_calendar.calendar.parameters())) == 0
+
+
 # --- end to end through the runner, on the embedded default series
 
 
