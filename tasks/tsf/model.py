@@ -14,8 +14,9 @@ and scale wherever in the series they lie.
 
 The embedding is Informer's: a circular convolution of width 3 over the values, plus
 fixed sinusoidal positions, plus a learned embedding of each calendar feature that
-`calendar` names (of month, day, weekday, hour, minute), summed. Each of the three attention sites takes its own
-attention config (encoder self, decoder self, decoder->encoder cross).
+`calendar` names (of month, day, weekday, hour, minute), summed. Each of the three
+attention sites takes its own attention config (encoder self, decoder self,
+decoder->encoder cross).
 """
 
 import math

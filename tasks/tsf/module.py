@@ -114,7 +114,7 @@ class TSFModule(TaskModule):
         loader = self.trainer.test_dataloaders
         shard = list(loader.sampler)  # the test windows of this process, in order
         seen = min(len(shard), self.trainer.num_test_batches[0] * loader.batch_size)
-        positions = np.linspace(0, seen - 1, PLOTTED_WINDOWS).round().astype(int)
+        positions = np.linspace(0, seen - 1, PLOTTED_WINDOWS).round().astype(int) if seen else []
         self.plotted = dict.fromkeys(shard[p] for p in positions)
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
