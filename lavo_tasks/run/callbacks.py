@@ -36,6 +36,9 @@ class RunCheckpoint(ModelCheckpoint):
         super().__init__(dirpath=dirpath, filename="best", monitor=MONITOR, mode="min", save_top_k=1,
                          save_last=True, auto_insert_metric_name=False, enable_version_counter=False)
         self.record = checkpoint_record(cfg)
+        # Lightning's "nothing saved yet" is step 0, which would skip a validation at step 0
+        # (tsf validates its fitted start before the first training step).
+        self._last_global_step_saved = -1
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         checkpoint[CHECKPOINT_KEY] = self.record

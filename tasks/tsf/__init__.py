@@ -13,7 +13,7 @@ from lavo_tasks.config import check_rules
 from lavo_tasks.errors import ConfigError
 from lavo_tasks.task import Task
 
-from .data import MODES
+from .data import MODES, TIME_FEATURES
 from .data import TSFDataModule as DataModule
 from .module import TSFModule as Module
 
@@ -29,6 +29,9 @@ def check_config(cfg: DictConfig) -> None:
         *size_rules(cfg),
         ("model.instance_norm", isinstance(model.instance_norm, bool), "true or false"),
         ("model.linear_shortcut", isinstance(model.linear_shortcut, bool), "true or false"),
+        ("model.calendar", all(name in TIME_FEATURES for name in model.calendar)
+         and len(set(model.calendar)) == len(model.calendar),
+         f"a list of distinct names of {', '.join(TIME_FEATURES)}, e.g. [weekday,hour]; [] for none"),
     ]
     check_rules(cfg, rules)
     if data.freq:

@@ -41,8 +41,8 @@ from .metrics import seasonal_errors
 
 MODES = ("S", "M", "MS")
 SPLITS = ("train", "val", "test")
-# month, day of month, weekday, hour, minute: the columns of time_features(), 0-based
-TIME_FEATURE_SIZES = (12, 31, 7, 24, 60)
+# The columns of time_features(), 0-based, and how many values each takes.
+TIME_FEATURES = {"month": 12, "day": 31, "weekday": 7, "hour": 24, "minute": 60}
 
 ETT_MONTH_ROWS = 30 * 24  # an ETTh "month": 30 days of hourly rows
 ETT_LAYOUTS = {pd.Timedelta("1h"): 1, pd.Timedelta("15min"): 4}  # time step -> rows per hour
@@ -253,11 +253,6 @@ class TSFDataModule(TaskDataModule):
 
     val_order_seed = VAL_ORDER_SEED
     default_name = DEFAULT_FILE
-
-    def test_dataloader(self):
-        # Every process reads the whole test split: MASE, sMAPE and ND come from gluonts'
-        # evaluators (tasks/tsf/metrics.py), which do not sum across processes.
-        return self.eval_loader(self.datasets["test"])
 
     def default_recipe(self) -> dict:
         return {"builder": "tsf.write_default_csv", "version": DEFAULT_VERSION, "rows": DEFAULT_ROWS,

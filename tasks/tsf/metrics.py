@@ -3,17 +3,22 @@
 - MSE / MAE on the scaled values, the Informer / CAB protocol: the mean over every
   (window, horizon step, channel) of the test set, as torchmetrics' MeanSquaredError /
   MeanAbsoluteError accumulate them (tasks.tsf.module).
-- MASE, sMAPE, ND on the unscaled values through gluonts' evaluation (`gluonts.ev`):
-  each (window, channel) pair is one forecast of `pred_len` steps; the point forecast
-  plays the median ("0.5"). As gluonts' Evaluator does, MASE is scaled by the seasonal
-  error of the series' whole history before the forecast start (the seasonality from the
-  frequency, `gluonts.time_feature.get_seasonality`), and the figures are aggregated as
-  gluonts does: MASE and sMAPE the mean over all forecast steps, ND the summed absolute
-  error over the summed absolute truth.
+- MASE, sMAPE, ND on the unscaled values, as gluonts' evaluation (`gluonts.ev`, axis=None)
+  defines them: each (window, channel) pair is one forecast of `pred_len` steps, the
+  point forecast plays the median ("0.5"); MASE is the mean over every forecast step of
+  the absolute error over the seasonal error of the series' whole history before the
+  forecast start (the seasonality from the frequency, `gluonts.time_feature.get_seasonality`),
+  sMAPE the mean of 2 |y - f| / (|y| + |f|), ND the summed absolute error over the summed
+  absolute truth. `ForecastErrors` keeps them as float64 sums that torchmetrics adds
+  up over the processes (lavo_tasks.metrics), so each process may score its own share of
+  the test windows.
 """
 
 import numpy as np
-from gluonts.ev.metrics import MASE, ND, SMAPE
+import torch
+from torch import nn
+
+from ...metrics import Mean, SumRatio
 
 
 def seasonal_errors(series: np.ndarray, starts: np.ndarray, seasonality: int) -> np.ndarray:
@@ -32,22 +37,31 @@ def seasonal_errors(series: np.ndarray, starts: np.ndarray, seasonality: int) ->
     return out
 
 
-class GluonTSErrors:
-    """MASE, sMAPE and ND through gluonts.ev, fed one batch of forecasts at a time."""
+class ForecastErrors(nn.Module):
+    """MASE, sMAPE and ND (gluonts' definitions, see the module docstring) of every
+    forecast step of every update on every process, as lavo_tasks.metrics' float64 sums:
+    MASE and sMAPE a `Mean` of per-step values, ND a `SumRatio`. As in gluonts, a step
+    where both truth and forecast are 0 makes sMAPE NaN, and a zero seasonal error makes
+    MASE inf or NaN."""
 
     def __init__(self):
-        self.metrics = (MASE() + SMAPE() + ND())(axis=None)
+        super().__init__()
+        self.mase, self.smape, self.nd = Mean(), Mean(), SumRatio()
 
-    def update(self, prediction: np.ndarray, truth: np.ndarray, seasonal_error: np.ndarray) -> None:
+    def update(self, prediction: torch.Tensor, truth: torch.Tensor, seasonal_error: torch.Tensor) -> None:
         """prediction, truth [B, H, C] unscaled; seasonal_error [B, C]."""
-        self.metrics.update(
-            {
-                "label": truth.transpose(0, 2, 1).reshape(-1, truth.shape[1]),  # [B*C, H]
-                "0.5": prediction.transpose(0, 2, 1).reshape(-1, prediction.shape[1]),
-                "seasonal_error": seasonal_error.reshape(-1, 1),  # [B*C, 1]
-            }
-        )
+        prediction, truth = prediction.detach().double(), truth.detach().double()
+        error = (truth - prediction).abs()  # [B, H, C]
+        self.mase.update(error / seasonal_error.detach().double()[:, None])
+        self.smape.update(2 * error / (truth.abs() + prediction.abs()))
+        self.nd.update(error, truth.abs())
+
+    def reset(self) -> None:
+        for metric in (self.mase, self.smape, self.nd):
+            metric.reset()
 
     def compute(self) -> dict[str, float]:
-        values = self.metrics.get()
-        return {"mase": float(values["MASE[0.5]"]), "smape": float(values["sMAPE[0.5]"]), "nd": float(values["ND[0.5]"])}
+        """{"mase", "smape", "nd"} of the whole set, the same on every process (a collective
+        call under DDP: every process must make it)."""
+        return {name: float(metric.compute()) for name, metric in
+                (("mase", self.mase), ("smape", self.smape), ("nd", self.nd))}

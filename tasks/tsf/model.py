@@ -13,19 +13,21 @@ forecast channels are de-normalised with them, so the network sees windows of on
 and scale wherever in the series they lie.
 
 The embedding is Informer's: a circular convolution of width 3 over the values, plus
-fixed sinusoidal positions, plus a learned embedding of each calendar feature (month,
-day, weekday, hour, minute), summed. Each of the three attention sites takes its own
-attention config (encoder self, decoder self, decoder->encoder cross).
+fixed sinusoidal positions, plus a learned embedding of each calendar feature that
+`calendar` names (of month, day, weekday, hour, minute), summed. Each of the three
+attention sites takes its own attention config (encoder self, decoder self,
+decoder->encoder cross).
 """
 
 import math
+from collections.abc import Sequence
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
 from ...stacks import Decoder, Encoder
-from .data import TIME_FEATURE_SIZES
+from .data import TIME_FEATURES
 
 RIDGE = 1e-6  # the shortcut's least-squares fit: ridge term per window, on the weights (not the intercept)
 
@@ -41,19 +43,21 @@ def sinusoidal_positions(length: int, d_model: int, device=None) -> torch.Tensor
 
 
 class SeriesEmbedding(nn.Module):
-    """values [B, T, C] and calendar features [B, T, 5] -> [B, T, d_model]."""
+    """values [B, T, C] and calendar features [B, T, 5] (the columns of
+    data.time_features) -> [B, T, d_model], embedding the features `calendar` names."""
 
-    def __init__(self, n_channels: int, d_model: int, dropout: float):
+    def __init__(self, n_channels: int, d_model: int, dropout: float, calendar: Sequence[str]):
         super().__init__()
         self.values = nn.Conv1d(n_channels, d_model, kernel_size=3, padding=1, padding_mode="circular", bias=False)
-        self.calendar = nn.ModuleList(nn.Embedding(size, d_model) for size in TIME_FEATURE_SIZES)
+        self.calendar = nn.ModuleDict({name: nn.Embedding(TIME_FEATURES[name], d_model) for name in calendar})
+        self.columns = [list(TIME_FEATURES).index(name) for name in calendar]
         self.drop = nn.Dropout(dropout)
 
     def forward(self, values: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
         h = self.values(values.transpose(1, 2)).transpose(1, 2)  # [B, C, T] -> [B, D, T] -> [B, T, D]
         h = h + sinusoidal_positions(values.shape[1], h.shape[-1], values.device)
-        for j, embedding in enumerate(self.calendar):
-            h = h + embedding(marks[..., j])
+        for column, embedding in zip(self.columns, self.calendar.values()):
+            h = h + embedding(marks[..., column])
         return self.drop(h)
 
 
@@ -94,14 +98,14 @@ class InstanceNorm(nn.Module):
 class Forecaster(nn.Module):
     def __init__(self, n_inputs: int, n_outputs: int, *, seq_len: int, pred_len: int, d_model: int, n_heads: int,
                  encoder_layers: int, decoder_layers: int, d_ff: int, dropout: float, instance_norm: bool,
-                 linear_shortcut: bool, encoder_attention: DictConfig, decoder_attention: DictConfig,
-                 cross_attention: DictConfig):
+                 linear_shortcut: bool, calendar: Sequence[str], encoder_attention: DictConfig,
+                 decoder_attention: DictConfig, cross_attention: DictConfig):
         super().__init__()
         self.n_outputs = n_outputs
         self.shortcut = nn.Linear(seq_len, pred_len) if linear_shortcut else None
         self.instance_norm = InstanceNorm(n_inputs) if instance_norm else None
-        self.encoder_embedding = SeriesEmbedding(n_inputs, d_model, dropout)
-        self.decoder_embedding = SeriesEmbedding(n_inputs, d_model, dropout)
+        self.encoder_embedding = SeriesEmbedding(n_inputs, d_model, dropout, calendar)
+        self.decoder_embedding = SeriesEmbedding(n_inputs, d_model, dropout, calendar)
         self.encoder = Encoder(d_model=d_model, n_heads=n_heads, n_layers=encoder_layers, attention=encoder_attention,
                                d_ff=d_ff, dropout=dropout)
         self.decoder = Decoder(d_model=d_model, n_heads=n_heads, n_layers=decoder_layers,

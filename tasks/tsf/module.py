@@ -8,9 +8,9 @@ model-free forecasts on the same windows (tasks.tsf.baselines): persistence
 the training windows (`test_linear_mse`, `test_linear_mae`); and writes
 `artifacts/forecasts.png` with all three forecasts against the truth.
 
-The scaled MSE / MAE are torchmetrics metrics, summed over the processes' windows; the
-gluonts figures are accumulated in each process alone, so run the test on one device
-for those.
+Every test figure is a float64 sum over the windows that torchmetrics adds up over the
+processes, so each process tests its own share of the windows (lavo_tasks.data.ShardSampler);
+`forecasts.png` shows windows of process 0's share.
 """
 
 import numpy as np
@@ -26,7 +26,7 @@ from ...backbone import encoder_decoder_args
 from ...module import TaskModule
 from ...plots import attention_label, format_metrics, save_figure
 from .baselines import LinearForecast, last_value_forecast
-from .metrics import GluonTSErrors
+from .metrics import ForecastErrors
 from .model import Forecaster
 
 PLOTTED_WINDOWS = 3
@@ -45,7 +45,7 @@ class TSFModule(TaskModule):
         n_inputs, self.n_outputs = len(spec["columns"]), spec["n_outputs"]
         self.model = Forecaster(n_inputs, self.n_outputs, seq_len=cfg.data.seq_len, pred_len=cfg.data.pred_len,
                                 **encoder_decoder_args(cfg), instance_norm=cfg.model.instance_norm,
-                                linear_shortcut=cfg.model.linear_shortcut)
+                                linear_shortcut=cfg.model.linear_shortcut, calendar=list(cfg.model.calendar))
         # Unscaling needs the output channels' scaler (the forecast channels are the last
         # n_outputs inputs); the unscaled truth and MASE's scale come with the test batches.
         self.mean = np.asarray(spec["mean"][-self.n_outputs:], dtype=np.float64)
@@ -57,6 +57,7 @@ class TSFModule(TaskModule):
                 torch.float64)
             for prefix in FORECASTERS
         })
+        self.forecast_errors = ForecastErrors()
         self.linear: LinearForecast | None = None
 
     def on_train_start(self) -> None:
@@ -67,6 +68,21 @@ class TSFModule(TaskModule):
             values = self.trainer.datamodule.datasets["train"].values  # [rows, C] scaled, on the CPU
             windows = values.unfold(0, data.seq_len + data.pred_len, 1).transpose(1, 2)  # [N, seq_len + pred_len, C] view
             self.model.fit_shortcut(windows[:, :data.seq_len], windows[:, data.seq_len:])  # solved on the CPU
+            if self.trainer.ckpt_path is None:
+                self.validate_start()
+
+    def validate_start(self) -> None:
+        """Validate, and so checkpoint, the fitted shortcut at step 0, before any training
+        step (the head starts at zero, so the model is the shortcut alone): best.ckpt then
+        holds the shortcut unless training lowers val_loss below it, and early stopping
+        counts from it. Runs the fit loop's own validation, as Lightning does every
+        val_check_interval steps."""
+        trainer = self.trainer
+        first_loop_iter = trainer._logger_connector._first_loop_iter
+        trainer.validating = True
+        trainer.fit_loop.epoch_loop.val_loop.run()
+        trainer.training = True
+        trainer._logger_connector._first_loop_iter = first_loop_iter
 
     def forecast(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(forecast, truth), both [B, pred_len, n_outputs] scaled."""
@@ -90,14 +106,16 @@ class TSFModule(TaskModule):
     def on_test_epoch_start(self) -> None:
         for errors in self.test_errors.values():
             errors.reset()
-        self.gluonts_errors = GluonTSErrors()
+        self.forecast_errors.reset()
         # The linear baseline: fitted here on the training rows of the forecast channels.
         train = self.trainer.datamodule.datasets["train"].values[:, -self.n_outputs:]  # [rows, n_outputs] scaled
         self.linear = LinearForecast(self.cfg.data.seq_len, self.cfg.data.pred_len).fit(train.double().numpy())
-        # A few evenly spaced windows of those the test reads, plotted at its end.
+        # A few evenly spaced windows of those this process reads, plotted at the end.
         loader = self.trainer.test_dataloaders
-        seen = min(len(loader.dataset), self.trainer.num_test_batches[0] * loader.batch_size)
-        self.plotted = dict.fromkeys(np.linspace(0, seen - 1, PLOTTED_WINDOWS).round().astype(int).tolist())
+        shard = list(loader.sampler)  # the test windows of this process, in order
+        seen = min(len(shard), self.trainer.num_test_batches[0] * loader.batch_size)
+        positions = np.linspace(0, seen - 1, PLOTTED_WINDOWS).round().astype(int) if seen else []
+        self.plotted = dict.fromkeys(shard[p] for p in positions)
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         prediction, truth = self.forecast(batch)
@@ -108,25 +126,26 @@ class TSFModule(TaskModule):
         for prefix, forecast in forecasts.items():
             self.test_errors[prefix or "model"].update(forecast.double().contiguous(), truth.double().contiguous())
 
-        self.gluonts_errors.update(
-            self.unscale(prediction), batch["y_raw"].cpu().numpy(), batch["seasonal_error"].cpu().numpy()
-        )
+        self.forecast_errors.update(self.unscale(prediction), batch["y_raw"], batch["seasonal_error"])
         for row, index in enumerate(batch["index"].tolist()):
             if index in self.plotted:  # input, truth, forecasts in the file's units; the first forecast row
-                self.plotted[index] = [self.unscale(part[row]) for part in (history, truth, *forecasts.values())]
+                self.plotted[index] = [self.unscale(part[row]).cpu().numpy()
+                                       for part in (history, truth, *forecasts.values())]
                 self.plotted[index].append(int(batch["start"][row]))
 
     def on_test_epoch_end(self) -> None:
         figures = {f"test_{prefix}{k}": float(v) for prefix in FORECASTERS
                    for k, v in self.test_errors[prefix or "model"].compute().items()}
-        figures |= {f"test_{k}": v for k, v in self.gluonts_errors.compute().items()}
+        figures |= {f"test_{k}": v for k, v in self.forecast_errors.compute().items()}
         for name, value in figures.items():
             self.log(name, value)
-        self.plot_forecasts(figures)
+        if self.trainer.is_global_zero:
+            self.plot_forecasts(figures)
 
-    def unscale(self, values: torch.Tensor) -> np.ndarray:
-        """[..., n_outputs] scaled -> float64 numpy in the file's units."""
-        return values.detach().double().cpu().numpy() * self.std + self.mean
+    def unscale(self, values: torch.Tensor) -> torch.Tensor:
+        """[..., n_outputs] scaled -> float64 in the file's units, on values' device."""
+        std, mean = (torch.as_tensor(a, device=values.device) for a in (self.std, self.mean))
+        return values.detach().double() * std + mean
 
     def plot_forecasts(self, figures: dict[str, float]) -> None:
         """A few evenly spaced test windows (columns) by forecast channel (rows: the

@@ -121,7 +121,7 @@ def test_test_metrics_are_the_same_on_one_and_two_processes(task, tmp_path):
     run_dir = tmp_path / "run"
     common = ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false"]
     one = train.run([*TINY_RUNS[task](tmp_path), *common, "trainer.max_steps=2", f"run.dir={run_dir}"])
-    result = subprocess.run([sys.executable, "-m", "lavo_tasks.evaluate", f"run.dir={run_dir}", "ckpt=last", *common,
+    result = subprocess.run([sys.executable, "-m", "lavo_tasks.evaluate", f"run.dir={run_dir}", "ckpt=best", *common,
                              "trainer.devices=2", "trainer.strategy=ddp"],
                             capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

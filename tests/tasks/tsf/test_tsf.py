@@ -19,7 +19,7 @@ import lavo_tasks.run.commands
 from lavo_tasks import evaluate, train
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.tsf.data import TSFDataModule
-from lavo_tasks.tasks.tsf.metrics import GluonTSErrors, seasonal_errors
+from lavo_tasks.tasks.tsf.metrics import ForecastErrors, seasonal_errors
 from lavo_tasks.tasks.tsf.module import TSFModule
 
 with warnings.catch_warnings():  # gluonts suggests faster json packages on import
@@ -40,13 +40,18 @@ ATTENTION_ARGS = {
 # --- metrics by hand
 
 
-def test_gluonts_errors_by_hand():
+def forecast_errors(prediction, truth, seasonal_error) -> ForecastErrors:
+    errors = ForecastErrors()
+    errors.update(*(torch.as_tensor(a) for a in (prediction, truth, seasonal_error)))
+    return errors
+
+
+def test_forecast_errors_by_hand():
     # Two windows, horizon 2, one channel; seasonal errors 2 and 1.
     truth = np.array([[[2.0], [4.0]], [[1.0], [3.0]]])
     prediction = np.array([[[3.0], [4.0]], [[1.0], [1.0]]])
-    errors = GluonTSErrors()
-    errors.update(prediction[:1], truth[:1], np.array([[2.0]]))
-    errors.update(prediction[1:], truth[1:], np.array([[1.0]]))
+    errors = forecast_errors(prediction[:1], truth[:1], np.array([[2.0]]))
+    errors.update(*(torch.as_tensor(a) for a in (prediction[1:], truth[1:], np.array([[1.0]]))))
     figures = errors.compute()
     # absolute errors 1, 0 | 0, 2
     assert figures["mase"] == pytest.approx((1 / 2 + 0 / 2 + 0 / 1 + 2 / 1) / 4)
@@ -54,12 +59,40 @@ def test_gluonts_errors_by_hand():
     assert figures["nd"] == pytest.approx((1 + 0 + 0 + 2) / (2 + 4 + 1 + 3))
 
 
-def test_gluonts_errors_keep_channels_apart():
+def test_forecast_errors_keep_channels_apart():
     # [B=1, H=2, C=2]: channel 0 is off by 1 with seasonal error 1, channel 1 off by 4 with 4.
     truth = np.array([[[10.0, 20.0], [10.0, 20.0]]])
-    errors = GluonTSErrors()
-    errors.update(truth + np.array([1.0, 4.0]), truth, np.array([[1.0, 4.0]]))
-    assert errors.compute()["mase"] == pytest.approx(1.0)
+    assert forecast_errors(truth + np.array([1.0, 4.0]), truth, np.array([[1.0, 4.0]])).compute()["mase"] == 1.0
+
+
+def gluonts_figures(prediction: np.ndarray, truth: np.ndarray, seasonal_error: np.ndarray) -> dict[str, float]:
+    """The reference: gluonts' own evaluation (gluonts.ev, aggregated over everything),
+    each (window, channel) one forecast of H steps, the point forecast as its median."""
+    from gluonts.ev.metrics import MASE, ND, SMAPE
+
+    evaluator = (MASE() + SMAPE() + ND())(axis=None)
+    evaluator.update({"label": truth.transpose(0, 2, 1).reshape(-1, truth.shape[1]),  # [B * C, H]
+                      "0.5": prediction.transpose(0, 2, 1).reshape(-1, prediction.shape[1]),
+                      "seasonal_error": seasonal_error.reshape(-1, 1)})  # [B * C, 1]
+    values = evaluator.get()
+    return {"mase": float(values["MASE[0.5]"]), "smape": float(values["sMAPE[0.5]"]), "nd": float(values["ND[0.5]"])}
+
+
+def test_forecast_errors_equal_gluonts_and_sum_over_processes():
+    rng = np.random.default_rng(0)
+    truth = rng.normal(5.0, 2.0, size=(7, 3, 2))  # [windows, horizon, channels]
+    prediction = truth + rng.normal(0.0, 1.0, size=truth.shape)
+    seasonal_error = rng.uniform(0.5, 2.0, size=(7, 2))
+    whole = gluonts_figures(prediction, truth, seasonal_error)
+    assert forecast_errors(prediction, truth, seasonal_error).compute() == pytest.approx(whole, rel=1e-12)
+    # Two processes' shares (4 and 3 windows, as ShardSampler cuts 7): the states of one
+    # merged into the other, as torchmetrics sums them over processes, give the whole.
+    assert forecast_errors(prediction[:4], truth[:4], seasonal_error[:4]).compute() != pytest.approx(whole)
+    first = forecast_errors(prediction[:4], truth[:4], seasonal_error[:4])
+    second = forecast_errors(prediction[4:], truth[4:], seasonal_error[4:])
+    for name in ("mase", "smape", "nd"):
+        getattr(first, name).merge_state(getattr(second, name))
+    assert first.compute() == pytest.approx(whole, rel=1e-12)
 
 
 def test_seasonal_errors_match_gluonts():
@@ -156,6 +189,22 @@ def test_forecast_uses_only_known_steps(tmp_path, mode, n_outputs):
     assert not torch.equal(module.forecast(changed)[0], prediction)
 
 
+def test_embedding_reads_only_the_calendar_features_named():
+    from lavo_tasks.tasks.tsf.model import SeriesEmbedding
+
+    torch.manual_seed(0)
+    embedding = SeriesEmbedding(1, 8, dropout=0.0, calendar=["weekday", "hour"])
+    values = torch.randn(2, 5, 1)
+    marks = torch.zeros(2, 5, 5, dtype=torch.long)  # month, day, weekday, hour, minute
+    base = embedding(values, marks)
+    for column, read in [(0, False), (1, False), (2, True), (3, True), (4, False)]:
+        moved = marks.clone()
+        moved[..., column] = 3
+        assert torch.equal(embedding(values, moved), base) is not read, column
+    with_no_calendar = SeriesEmbedding(1, 8, dropout=0.0, calendar=[])
+    assert len(list(with_no_calendar.calendar.parameters())) == 0
+
+
 # --- end to end through the runner, on the embedded default series
 
 
@@ -194,6 +243,56 @@ def test_softmax_learns_and_evaluate_reproduces(tmp_path):
     losses = [json.loads(line)["val_loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 4 and losses[-1] < 0.8 * losses[0]  # measured: 1.23 -> 0.85
     assert evaluate.run([f"run.dir={run_dir}"]) == pytest.approx(metrics)
+
+
+def periodic_csv(path: Path, rows: int = 400) -> Path:
+    """Hourly rows (fewer than an ETTh file: split 70/10/20 %); `OT` of periods 13 and 23 hours
+    plus noise (noiseless, a linear map of the last steps would forecast it exactly)."""
+    i = np.arange(rows)
+    noise = np.random.default_rng(0).normal(0.0, 0.3, size=rows)
+    pd.DataFrame({"date": pd.date_range("2020-01-01", periods=rows, freq="h"),
+                  "OT": np.sin(2 * np.pi * i / 13) + 0.5 * np.cos(2 * np.pi * i / 23) + noise}).to_csv(path, index=False)
+    return path
+
+
+def nlinear_mse(train: np.ndarray, evaluated: np.ndarray, seq_len: int, pred_len: int) -> float:
+    """NLinear (one channel) by plain least squares on every training window, with the
+    inputs and targets relative to the window's last input and an intercept; its MSE
+    on every window of `evaluated`. Both series 1-d."""
+    def pairs(series):
+        n = len(series) - seq_len - pred_len + 1
+        x = np.stack([series[i:i + seq_len] for i in range(n)])
+        y = np.stack([series[i + seq_len:i + seq_len + pred_len] for i in range(n)])
+        return np.concatenate([x - x[:, -1:], np.ones((n, 1))], axis=1), y - x[:, -1:]
+
+    inputs, targets = pairs(train)
+    weights = np.linalg.lstsq(inputs, targets, rcond=None)[0]  # [seq_len + 1, pred_len]
+    inputs, targets = pairs(evaluated)
+    return float(np.mean((inputs @ weights - targets) ** 2))
+
+
+@pytest.mark.slow
+def test_step_zero_is_validated_and_kept_when_training_only_hurts(tmp_path):
+    # The shortcut alone is validated and checkpointed at step 0; a learning rate of 1 wrecks
+    # the transformer at once, so best.ckpt stays the step-0 shortcut and the test scores it.
+    run_dir = tmp_path / "run"
+    metrics = train.run([
+        "task=tsf", *TINY, f"data.path={periodic_csv(tmp_path / 'periodic.csv')}", "data.mode=S", f"run.dir={run_dir}",
+        "optim.lr=1.0", "optim.warmup_steps=1", "trainer.max_steps=6", "trainer.val_check_interval=3",
+        "trainer.limit_val_batches=2", "trainer.early_stopping_patience=0", "trainer.enable_progress_bar=false",
+    ])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 3, 6]
+    # (the validation windows, 37 of 400 rows at 70/10/20 %, fit in its 2 batches)
+    assert all(r["val_loss"] > records[0]["val_loss"] for r in records[1:])
+    assert json.loads((run_dir / "metrics.meta.json").read_text())["checkpoint"]["step"] == 0
+
+    dm = TSFDataModule(tiny_config(tmp_path, f"data.path={tmp_path / 'periodic.csv'}", "data.mode=S"))
+    dm.setup("fit")
+    train_rows, val_rows, test_rows = (dm.datasets[s].values[:, 0].double().numpy() for s in ("train", "val", "test"))
+    assert records[0]["val_loss"] == pytest.approx(nlinear_mse(train_rows, val_rows, 16, 4), rel=1e-3)
+    assert metrics["test_mse"] == pytest.approx(nlinear_mse(train_rows, test_rows, 16, 4), rel=1e-3)
+    assert metrics["test_mse"] < metrics["test_last_value_mse"]  # (the premise: the shortcut forecasts something)
 
 
 class CrashAt(L.Callback):

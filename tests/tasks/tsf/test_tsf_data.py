@@ -216,6 +216,9 @@ def test_check_config_errors(tmp_path):
         "data.label_len=100": "data.label_len=100: must be in [0, data.seq_len=96]",
         "data.mode=X": "data.mode='X': must be one of S, M, MS",
         "data.freq=every-now-and-then": "data.freq='every-now-and-then'",
+        "model.calendar=[hour,season]": "model.calendar=['hour', 'season']: must be a list of distinct names of month, "
+                                        "day, weekday, hour, minute",
+        "model.calendar=[hour,hour]": "model.calendar=['hour', 'hour']: must be a list of distinct names",
     }
     for arg, expected in cases.items():
         with pytest.raises(ConfigError) as info:

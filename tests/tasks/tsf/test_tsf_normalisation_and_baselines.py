@@ -42,8 +42,8 @@ def tiny_forecaster(instance_norm: bool, linear_shortcut: bool = False, n_output
     softmax = OmegaConf.create({"name": "softmax"})
     return Forecaster(2, n_outputs, seq_len=12, pred_len=3, d_model=16, n_heads=2, encoder_layers=1,
                       decoder_layers=1, d_ff=32, dropout=0.0, instance_norm=instance_norm,
-                      linear_shortcut=linear_shortcut, encoder_attention=softmax, decoder_attention=softmax,
-                      cross_attention=softmax).eval()
+                      linear_shortcut=linear_shortcut, calendar=["hour"], encoder_attention=softmax,
+                      decoder_attention=softmax, cross_attention=softmax).eval()
 
 
 def test_instance_norm_makes_the_forecast_follow_level_and_scale():
