@@ -14,9 +14,10 @@ an attention can do is bounded by it:
 
 A window never holds more tokens than there are: w - 1 is capped at `length` (self),
 and w at the source's `length` (CC, where past the source's end the window is its last
-w positions, the anchor included). LAVO's memory slots are h_i b_i with the basis b a
-parameter, so the state holds the r coordinates h_i; its memory count (an integer) is
-left out. Fixed-size states do not depend on `length`.
+w positions, the anchor included). NC's segments are capped the same way: only `length`
+of them can hold a source token (the others are empty, h = 0). LAVO's memory slots are
+h_i b_i with the basis b a parameter, so the state holds the r coordinates h_i; its
+memory count (an integer) is left out. Fixed-size states do not depend on `length`.
 
 The implementation's cross states keep more than this, for positions before the
 source's end and to prepare the source once: LAVO's LavoSource also holds every source
@@ -37,7 +38,7 @@ def state_size(attention: DictConfig, pattern: str, d_model: int, n_heads: int, 
     if name == "lavo":
         memory = attention.rank * n_heads
         if pattern == "NC":
-            return memory * attention.cross_segments
+            return memory * min(attention.cross_segments, length)
         window = min(attention.window, length) if pattern == "CC" else min(attention.window - 1, length)
         return 2 * window * d_model + memory
     if name == "gsa":

@@ -69,7 +69,8 @@ def test_noncausal_lavo_state_size_is_its_segment_means(tmp_path):
 
 def test_windows_hold_no_more_tokens_than_there_are():
     """Hand-computed, D 64, H 2: a window longer than the sequence (self) or the source
-    (CC) stores the tokens there are; CC's window past the source's end is w positions."""
+    (CC) stores the tokens there are, and NC keeps no more segments than source tokens;
+    CC's window past the source's end is w positions."""
     def size(pattern, length, **attention):
         return state_size(OmegaConf.create(attention), pattern, 64, 2, length)
 
@@ -77,3 +78,4 @@ def test_windows_hold_no_more_tokens_than_there_are():
     assert size("CS", 64, name="lavo", window=16, rank=8) == 2 * 15 * 64 + 8 * 2
     assert size("CC", 16, name="lavo", window=4, rank=8) == 2 * 4 * 64 + 8 * 2
     assert size("CC", 16, name="lavo", window=32, rank=8) == 2 * 16 * 64 + 8 * 2  # > softmax's 2 * 16 * 64
+    assert size("NC", 16, name="lavo", rank=8, cross_segments=32) == 8 * 16 * 2  # 16 segments hold a token
