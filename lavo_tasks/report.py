@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 from omegaconf import DictConfig, OmegaConf
 
 from . import tasks
@@ -485,8 +486,11 @@ def plot_recall(runs: list[Run], path: Path) -> bool:
             sizes = sorted(by_size)
             color = f"C{sorted(ATTENTION_NAMES).index(name)}" if name in ATTENTION_NAMES else None  # one per attention
             ax.plot(sizes, [sum(by_size[s]) / len(by_size[s]) for s in sizes], marker="o", label=name, color=color)
-        ax.set(xscale="log", xlabel="decode state per sequence and layer (numbers)", ylabel="test accuracy",
+        ax.set(xlabel="decode state per sequence and layer (numbers)", ylabel="test accuracy",
                ylim=(-0.02, 1.02), title=f"MQAR recall, {panel}")
+        # Powers of two, written out: decimal decades leave a sweep's span of 2-8x with one label or none.
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
         ax.minorticks_off()
         ax.legend()
     fig.tight_layout()

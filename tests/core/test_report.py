@@ -230,6 +230,8 @@ def test_mqar_runs_get_the_recall_plot(tmp_path, monkeypatch):
     assert lines[("MQAR recall, cross (NC)", "softmax")] == [(2048.0, 1.0)]
     assert lines[("MQAR recall, cross (CC)", "softmax")] == [(2048.0, 0.8)]
     assert len(lines) == 3
+    recall_axes = [ax for ax in drawn if ax.get_title().startswith("MQAR")]
+    assert all(ax.xaxis.get_major_formatter()(2048.0, 0) == "2,048" for ax in recall_axes)  # sizes written out
 
 
 def _recording_subplots(subplots, drawn: list):
