@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 from omegaconf import DictConfig, OmegaConf
 
 from . import tasks
@@ -465,24 +466,31 @@ def index_markdown(groups: list[Group]) -> tuple[str, str]:
 def plot_recall(runs: list[Run], path: Path) -> bool:
     """task=mqar's recall against memory: test_acc (mean over seeds) against
     test_state_size (numbers per sequence and layer, log scale), one line per attention
-    and one panel per data.variant, over every finished mqar run whatever its other keys
-    (a sweep over window, rank, slots and width). False when there is no such run."""
-    points: dict[str, dict[str, dict[float, list[float]]]] = {}  # variant -> attention -> size -> accuracies
+    and one panel per data.variant and pattern of the site (self CS; cross NC or CC, whose
+    states differ), over every finished mqar run whatever its other keys (a sweep over
+    window, rank, slots and width). False when there is no such run."""
+    points: dict[str, dict[str, dict[float, list[float]]]] = {}  # panel -> attention -> size -> accuracies
     for run in runs:
         if run.cfg is None or run.cfg.task != "mqar" or not run.metrics or "test_state_size" not in run.metrics:
             continue
-        by_size = points.setdefault(run.cfg.data.variant, {}).setdefault(run.cfg.model.attention.name, {})
+        pattern = tasks.load_task("mqar").site_patterns(run.cfg)["attention"]
+        panel = f"{run.cfg.data.variant} ({pattern})"
+        by_size = points.setdefault(panel, {}).setdefault(run.cfg.model.attention.name, {})
         by_size.setdefault(run.metrics["test_state_size"], []).append(run.metrics["test_acc"])
     if not points:
         return False
     fig = Figure(figsize=(5 * len(points), 4))
-    for ax, (variant, lines) in zip(fig.subplots(1, len(points), squeeze=False)[0], sorted(points.items())):
+    panels = sorted(points.items(), key=lambda item: (not item[0].startswith("self"), item[0]))  # self first
+    for ax, (panel, lines) in zip(fig.subplots(1, len(points), squeeze=False)[0], panels):
         for name, by_size in sorted(lines.items()):
             sizes = sorted(by_size)
             color = f"C{sorted(ATTENTION_NAMES).index(name)}" if name in ATTENTION_NAMES else None  # one per attention
             ax.plot(sizes, [sum(by_size[s]) / len(by_size[s]) for s in sizes], marker="o", label=name, color=color)
-        ax.set(xscale="log", xlabel="decode state per sequence and layer (numbers)", ylabel="test accuracy",
-               ylim=(-0.02, 1.02), title=f"MQAR recall, variant {variant}")
+        ax.set(xlabel="decode state per sequence and layer (numbers)", ylabel="test accuracy",
+               ylim=(-0.02, 1.02), title=f"MQAR recall, {panel}")
+        # Powers of two, written out: decimal decades leave a sweep's span of 2-8x with one label or none.
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
         ax.minorticks_off()
         ax.legend()
     fig.tight_layout()

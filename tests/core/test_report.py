@@ -208,13 +208,16 @@ def test_index_files_summarization_under_the_cross_pattern_it_ran(tmp_path, cros
 
 
 def test_mqar_runs_get_the_recall_plot(tmp_path, monkeypatch):
-    """The recall plot's points: test_acc averaged over seeds at each state size, per attention and variant."""
+    """The recall plot's points: test_acc averaged over seeds at each state size, per attention and panel
+    (variant and pattern)."""
     for seed, acc in ((0, 0.5), (1, 0.7)):
         make_run(tmp_path, f"gsa{seed}", ["task=mqar", "attention=gsa", f"seed={seed}"],
                  {"test_acc": acc, "test_state_size": 2048.0})
     make_run(tmp_path, "gsa_big", ["task=mqar", "attention=gsa", "attention.slots=64"],
              {"test_acc": 0.9, "test_state_size": 8192.0})
     make_run(tmp_path, "soft_cross", ["task=mqar", "data.variant=cross"], {"test_acc": 1.0, "test_state_size": 2048.0})
+    make_run(tmp_path, "soft_cc", ["task=mqar", "data.variant=cross", "model.cross_causal=true"],
+             {"test_acc": 0.8, "test_state_size": 2048.0})  # CC: a panel of its own, not averaged with NC
     make_run(tmp_path, "lm", ["task=lm"], {"test_ppl": 3.0})  # not an mqar run: not plotted
     drawn = []
     monkeypatch.setattr(report.Figure, "subplots", _recording_subplots(report.Figure.subplots, drawn))
@@ -223,9 +226,12 @@ def test_mqar_runs_get_the_recall_plot(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "recall.png").stat().st_size > 0
     lines = {(ax.get_title(), line.get_label()): list(zip(*line.get_data())) for ax in drawn for line in ax.get_lines()
              if ax.get_title().startswith("MQAR")}  # (the tables' bar charts are drawn too)
-    assert lines[("MQAR recall, variant self", "gsa")] == [(2048.0, pytest.approx(0.6)), (8192.0, 0.9)]
-    assert lines[("MQAR recall, variant cross", "softmax")] == [(2048.0, 1.0)]
-    assert len(lines) == 2
+    assert lines[("MQAR recall, self (CS)", "gsa")] == [(2048.0, pytest.approx(0.6)), (8192.0, 0.9)]
+    assert lines[("MQAR recall, cross (NC)", "softmax")] == [(2048.0, 1.0)]
+    assert lines[("MQAR recall, cross (CC)", "softmax")] == [(2048.0, 0.8)]
+    assert len(lines) == 3
+    recall_axes = [ax for ax in drawn if ax.get_title().startswith("MQAR")]
+    assert all(ax.xaxis.get_major_formatter()(2048.0, 0) == "2,048" for ax in recall_axes)  # sizes written out
 
 
 def _recording_subplots(subplots, drawn: list):
