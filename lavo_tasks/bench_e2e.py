@@ -3,7 +3,7 @@ each attention side by side in one process, on one GPU.
 
     python -m lavo_tasks.bench_e2e task=NAME [attentions=softmax,local,lavo,gsa] [steps=10]
                                    [compile=off|default|max-autotune|reduce-overhead]
-                                   [out=bench_out] [--profile] [KEY=VALUE ...]
+                                   [commit=ID] [out=bench_out] [--profile] [KEY=VALUE ...]
 
 For each attention: the run's configuration (`task=NAME attention=A model.preset=cab`,
 the kernel benchmark's attention sizes: lavo window 128 rank 64, gsa 64 slots, then the
@@ -22,7 +22,10 @@ one step (operations that wait for the GPU, counted by
 torch.cuda.set_sync_debug_mode("warn")), peak memory of a step (GiB), and the parameter
 count. `compile` compiles the task's model (`lavo_tasks.module.compile_model`, what
 `trainer.compile` does); `--profile` writes the top kernels of each attention's
-profiled steps to OUT/profile_<task>_<attention>.txt. A site whose pattern the attention cannot run
+profiled steps to OUT/profile_<task>_<attention>.txt. `commit` names the code measured in every
+row (docs/benchmarks.md keeps one line per commit, so a change's before and after stand
+side by side); by default the short hash of the git checkout the package runs from, or
+"unknown" for an installed copy. A site whose pattern the attention cannot run
 (`local` at a cross-attention site) keeps softmax, and the row says so (`cross: softmax`). An attention
 that runs out of memory gets a row with its error.
 
@@ -31,6 +34,7 @@ it on the CPU with `allow_cpu`).
 """
 
 import json
+import subprocess
 import sys
 import time
 import warnings
@@ -53,7 +57,8 @@ WARMUP_STEPS = 3
 # the attention sizes of the kernel benchmark (the YAML defaults are sized for CPU runs)
 ATTENTION_OVERRIDES = {"lavo": ["attention.window=128", "attention.rank=64"], "gsa": ["attention.slots=64"]}
 CROSS_FALLBACK = "softmax"  # at a site whose pattern the attention cannot run (local at cross sites)
-ARGUMENTS = {"attentions": ",".join(ATTENTION_NAMES), "steps": "10", "out": "bench_out", "compile": "off"}
+ARGUMENTS = {"attentions": ",".join(ATTENTION_NAMES), "steps": "10", "out": "bench_out", "compile": "off",
+             "commit": ""}
 PROFILED_STEPS = 3
 TOP_KERNELS = 25  # rows of a --profile table
 
@@ -189,6 +194,16 @@ def record(row: dict, log, meta: dict, measure: Callable[[], dict]) -> dict:
     return row
 
 
+def checkout_commit() -> str:
+    """The short hash of the git checkout this package runs from; "unknown" outside one."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
+
+
 def markdown_table(task: str, rows: list[dict]) -> str:
     lines = [f"| {task}: attention | samples/s | tokens/s | step ms | gpu ms | wall / gpu | syncs / step "
              "| peak GiB | params |", "|---|---|---|---|---|---|---|---|---|"]
@@ -241,7 +256,7 @@ def bench(args: list[str], allow_cpu: bool = False) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "task": task, "device": torch.cuda.get_device_name()
             if device.type == "cuda" else "cpu", "torch": torch.__version__, "overrides": extra,
-            "compile": options["compile"]}
+            "compile": options["compile"], "commit": options["commit"] or checkout_commit()}
     rows = []
     with (out / f"bench_e2e_{task}.jsonl").open("w") as log:
         for name, (cfg, cross_fallback) in configs.items():

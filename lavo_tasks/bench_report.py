@@ -124,6 +124,22 @@ def draw_tasks(cells, source):
     return lines
 
 
+def draw_steps(cells, source):
+    """draw for keys (task, attention, compile, commit): bench_e2e's wall and GPU time per
+    step, one line per run; `commit` names the code measured (before / after a change)."""
+    lines = ["| task | attention | compile | commit | batch | tokens / step | step ms (wall) | GPU ms | wall / GPU "
+             "| syncs / step | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(cells, key=lambda k: (k[0], ATTENTIONS.index(k[1]) if k[1] in ATTENTIONS else len(ATTENTIONS),
+                                            k[1], k[2], k[3])):
+        task, attention, compile_mode, commit = key
+        r = cells[key]
+        label = f"{attention} (cross: softmax)" if r.get("cross_fallback") else attention
+        lines.append(f"| {task} | {label}{source(key)} | {compile_mode} | {commit} | {r['batch']} | "
+                     f"{r['tokens_per_step']:,} | {r['step_ms']:.1f} | {r['gpu_ms']:.1f} | "
+                     f"{r['step_ms'] / r['gpu_ms']:.2f} | {r['syncs_per_step']} | {r['peak_gib']:.2f} |")
+    return lines
+
+
 def fmt_len(tokens: int) -> str:
     return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
 
@@ -158,6 +174,9 @@ TABLES = [
           lambda r: (r["attention"], r["T"]),
           wide(lambda r: fmt_len(r["T"]), "T", ATTENTIONS,
                lambda r: f"{fmt_k(r['tokens_per_s'])} ({r['step_ms']:.0f})")),
+    Table("e2e-steps", lambda r: "task" in r and "gpu_ms" in r,
+          ("attention", "compile", "commit", "batch", "tokens_per_step", "step_ms", "gpu_ms", "syncs_per_step",
+           "peak_gib"), lambda r: (r["task"], r["attention"], r["compile"], r["commit"]), draw_steps),
     Table("e2e-tasks", lambda r: "task" in r and "samples_per_s" in r,
           ("attention", "batch", "tokens_per_s", "step_ms", "peak_gib", "params"), lambda r: (r["task"], r["attention"]),
           draw_tasks),

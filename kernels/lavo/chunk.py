@@ -175,6 +175,15 @@ def _segment_tables(valid, cu_seqlens, layout, segments):
     return segment.to(torch.int32), counts.view(-1, segments)[layout.qseq].contiguous()
 
 
+@functools.lru_cache(maxsize=64)
+def _unmasked_segment_tables(batch, n, m, chunk, segments, device):
+    """`_segment_tables` of equal-length sequences without a mask, built once per shape:
+    they depend on the shape alone, and the ~20 small ops that build them would otherwise
+    run in every forward and backward (NC's host time). The kernels only read them."""
+    layout = _batched_layout(batch, n, m, chunk, True, device)
+    return _segment_tables(torch.ones(batch, m, dtype=torch.bool, device=device), None, layout, segments)
+
+
 def _compile_args(q, rank, chunk, noncausal, window, kv_mask, cross):
     """The kernels' compile-time arguments."""
     d = q.shape[-1]
@@ -264,7 +273,9 @@ def _prepare(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, ca
     mu = mem_bias.detach().float().reshape(heads, -1).expand(heads, segments).contiguous()  # [H, S]
     kvm = kv_mask.reshape(-1).to(torch.uint8) if kv_mask is not None else qf
     segid = rho  # placeholder, read only with segments > 1
-    if noncausal:  # counts per query chunk and segment
+    if noncausal and kv_mask is None and cu_seqlens is None:  # the same for every call of the shape
+        segid, cnt = _unmasked_segment_tables(batch, n, m, chunk, segments, q.device)
+    elif noncausal:  # counts per query chunk and segment
         valid = kv_mask if kv_mask is not None else torch.ones(batch, m, dtype=torch.bool, device=q.device)
         segid, cnt = _segment_tables(valid, cu_seqlens, layout, segments)
     elif kv_mask is not None:  # counts per key row

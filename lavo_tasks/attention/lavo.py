@@ -30,6 +30,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ..kernels.backend import resolve_backend, run_triton
 from ..kernels.lavo import (
     LavoDecodeState,
     LavoSource,
@@ -99,7 +100,7 @@ class LavoAttention(AttentionBlock):
         # The basis starts as the QR of a Gaussian drawn from the global RNG (seeded by the run).
         gaussian = torch.randn(n_heads, self.rank, self.head_dim)
         if basis == "learned":
-            self.basis_map = CayleyBasis(gaussian)
+            self.basis_map = CayleyBasis(gaussian, backend)
         else:
             q, _ = torch.linalg.qr(gaussian.transpose(1, 2))  # [H, d, r], orthonormal columns
             self.register_buffer("fixed_basis", q.transpose(1, 2).contiguous())  # [H, r, d]
@@ -184,25 +185,26 @@ class CayleyBasis(nn.Module):
     d(d-1)/2 entries per head are the parameter `skew` [H, d(d-1)/2] (zeros at the start,
     so the basis starts as `base`'s: the QR of the initial rows, as for `basis: fixed`).
 
-    cayley(A) = (I - A/2)^-1 (I + A/2) is orthogonal for any skew-symmetric A, so the rows
-    stay orthonormal whatever the optimiser (weight decay included) does to `skew`. This
-    is the Cayley map of torch.nn.utils.parametrizations.orthogonal with its
-    trivialization (a fixed orthogonal `base` times a map of a free parameter); torch's
-    takes A from the first r columns' lower triangle, this one from the whole [d, d]
-    (the same when r = d), and solves with torch.linalg.solve_ex, which does not check
-    for errors and so does not synchronise the GPU with the host: I - A/2 is never
-    singular (A's eigenvalues are imaginary). torch's version calls torch.linalg.solve,
-    which synchronises on every call, 12 times a step in the LM, and so binds the LAVO
-    LM's step to the host; matrix_exp takes ~100 small kernels and 3 syncs a call
-    (docs/benchmarks.md, "End to end: LM training throughput against length"). The map
-    runs in fp32 also under autocast, so training and decoding (which evaluates it once,
-    at `init_state`) see the same basis.
+    cayley(A) = (I - A/2)^-1 (I + A/2) = 2 (I - A/2)^-1 - I is orthogonal for any
+    skew-symmetric A, so the rows stay orthonormal whatever the optimiser (weight decay
+    included) does to `skew`. This is the Cayley map of
+    torch.nn.utils.parametrizations.orthogonal with its trivialization (a fixed orthogonal
+    `base` times a map of a free parameter); torch's takes A from the first r columns'
+    lower triangle, this one from the whole [d, d] (the same when r = d). The inverse
+    (I - A/2)^-1 is one launch of `kernels.lavo.cayley` on CUDA (all heads in registers,
+    no pivoting needed: I - A/2 has the identity as its symmetric part), and
+    torch.linalg.inv_ex otherwise (float64, the CPU). Neither synchronises the GPU with
+    the host: torch.linalg.solve and inv check for errors on the host at every call, and
+    matrix_exp takes ~100 small kernels and 3 syncs a call (docs/benchmarks.md, "End to
+    end: LM training throughput against length"). The map runs in fp32 also under
+    autocast, so training and decoding (which evaluates it once, at `init_state`) see the
+    same basis.
     """
 
-    def __init__(self, initial: torch.Tensor):
+    def __init__(self, initial: torch.Tensor, backend: str = "auto"):
         super().__init__()
         heads, rank, dim = initial.shape
-        self.rank = rank
+        self.rank, self.backend = rank, backend
         # a square orthogonal matrix per head whose first r columns span initial's rows
         base, _ = torch.linalg.qr(initial.transpose(1, 2), mode="complete")  # [H, d, d]
         self.register_buffer("base", base)
@@ -217,6 +219,24 @@ class CayleyBasis(nn.Module):
             heads, dim = self.base.shape[:2]
             lower = self.skew.new_zeros(heads, dim * dim).index_copy(1, self.lower_index, self.skew).view(heads, dim, dim)
             half = 0.5 * (lower - lower.transpose(1, 2))  # A / 2, skew-symmetric
-            eye = torch.eye(dim, dtype=half.dtype, device=half.device)
-            cayley, _ = torch.linalg.solve_ex(eye - half, eye + half)  # [H, d, d], orthogonal
-            return (self.base @ cayley)[:, :, : self.rank].transpose(1, 2)
+            inverse = _unit_skew_inverse(half, self.backend)  # (I - A/2)^-1 [H, d, d]
+            # first r columns of base @ (2 inverse - I), transposed: [H, d, r] -> [H, r, d]
+            return (2 * (self.base @ inverse[:, :, : self.rank]) - self.base[:, :, : self.rank]).transpose(1, 2)
+
+
+def _unit_skew_inverse(half: torch.Tensor, backend: str) -> torch.Tensor:
+    """(I - half)^-1 for half [H, d, d] skew-symmetric: the Triton kernel where the
+    backend resolves to it, else (and for float64) torch.linalg.inv_ex."""
+
+    def run_torch():
+        eye = torch.eye(half.shape[-1], dtype=half.dtype, device=half.device)
+        return torch.linalg.inv_ex(eye - half)[0]
+
+    if resolve_backend(backend, half) == "triton":
+        def run_kernel():
+            from ..kernels.lavo.cayley import unit_skew_inverse
+
+            return unit_skew_inverse(half)
+
+        return run_triton(backend, "lavo basis", run_kernel, run_torch)
+    return run_torch()

@@ -25,6 +25,16 @@ def test_every_attention_gets_a_row_with_the_counted_tokens(tmp_path):
     assert [r["cross_fallback"] for r in rows] == [a == "local" for a in ATTENTION_NAMES]
     logged = [json.loads(line) for line in (out / "bench_e2e_tsf.jsonl").read_text().splitlines()]
     assert [r["attention"] for r in logged] == list(ATTENTION_NAMES) and logged[0]["task"] == "tsf"
+    assert logged[0]["compile"] == "off" and logged[0]["commit"] == bench_e2e.checkout_commit() != ""
+
+
+def test_the_commit_given_is_recorded_and_outside_a_checkout_it_is_unknown(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    bench_e2e.bench(["task=tsf", "attentions=softmax", "steps=1", "commit=abc1234", f"out={out}", *TSF_SMALL],
+                    allow_cpu=True)
+    assert json.loads((out / "bench_e2e_tsf.jsonl").read_text())["commit"] == "abc1234"
+    monkeypatch.setattr(bench_e2e, "__file__", str(tmp_path / "bench_e2e.py"))  # tmp_path is no git checkout
+    assert bench_e2e.checkout_commit() == "unknown"
 
 
 def test_the_preset_is_cab_and_the_kernel_sizes_apply():

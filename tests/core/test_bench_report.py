@@ -83,6 +83,22 @@ def test_the_tasks_table_names_the_cross_fallback():
     assert lines[-1] == "| tts | local (cross: softmax) | 16 | 172.6 | 24,683 | 93 | 1.42 | 53.1M |"
 
 
+def test_the_steps_table_keeps_a_row_per_compile_mode_and_commit_with_wall_over_gpu(tmp_path):
+    def step(commit, compile_mode, step_ms, gpu_ms):
+        return {"date": "2026-12-03", "device": "GPU-A", "torch": "9.9", "task": "tts", "attention": "lavo",
+                "cross_fallback": False, "compile": compile_mode, "commit": commit, "batch": 16,
+                "samples_per_s": 1.0, "tokens_per_s": 1.0, "tokens_per_step": 2464, "step_ms": step_ms,
+                "gpu_ms": gpu_ms, "syncs_per_step": 2, "peak_gib": 1.25, "params": 1}
+    write(tmp_path, "2026-12-03-a.jsonl", [step("aaa", "off", 100.0, 10.0), step("aaa", "default", 30.0, 8.0)])
+    write(tmp_path, "2026-12-03-a-b.jsonl", [step("bbb", "off", 90.0, 9.0)])
+    (tmp_path / "page.md").write_text("<!-- table: e2e-steps -->\n<!-- end table -->\n")
+    assert bench_report.main([str(tmp_path), "--page", str(tmp_path / "page.md")]) == 0
+    lines = (tmp_path / "page.md").read_text().splitlines()
+    assert lines[3:6] == ["| tts | lavo | default | aaa | 16 | 2,464 | 30.0 | 8.0 | 3.75 | 2 | 1.25 |",
+                          "| tts | lavo | off | aaa | 16 | 2,464 | 100.0 | 10.0 | 10.00 | 2 | 1.25 |",
+                          "| tts | lavo<sup>2</sup> | off | bbb | 16 | 2,464 | 90.0 | 9.0 | 10.00 | 2 | 1.25 |"]
+
+
 def test_the_committed_page_is_up_to_date_with_docs_bench():
     assert bench_report.main([str(ROOT / "docs" / "bench"), "--check"]) == 0
 
