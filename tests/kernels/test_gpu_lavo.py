@@ -143,3 +143,27 @@ def test_decode_step_bf16_matches_torch_step_and_latency():
     state_mib = sum(x.numel() * x.element_size() for x in (state.keys, state.values, state.mem_sum)) / 2**20
     print(f"decode batch {batch}, context {context}: {ms:.4f} ms per token, state {state_mib:.2f} MiB")
     assert ms <= 0.1
+
+
+@pytest.mark.parametrize("count", [3, 200])
+def test_decode_step_takes_the_count_on_the_device(count):
+    """The Triton step with state.count a 0-dim tensor (what a captured decode passes) gives
+    the output and the new state of the same step with count an int, bit for bit, before
+    the ring is full (count 3 < w - 1) and after (200)."""
+    from lavo_tasks.kernels import LavoDecodeState
+    from lavo_tasks.kernels.lavo.recurrent import recurrent_lavo_step
+
+    batch, heads, dim, rank, window = 3, 4, 64, 32, 128
+    g = torch.Generator(device="cuda").manual_seed(11)
+    state = LavoDecodeState.empty(batch, heads, dim, rank, window, dtype=torch.bfloat16, device="cuda")
+    state.keys.normal_(generator=g)
+    state.values.normal_(generator=g)
+    state.mem_sum.normal_(generator=g)
+    q, k, v = (torch.randn(batch, heads, dim, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    _, _, _, basis, rel_bias, mem_bias = make_inputs(1, 1, 1, heads, dim, rank, window, True, torch.bfloat16, seed=3)
+    want, after = recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state._replace(count=count), window=window)
+    on_device = state._replace(count=torch.tensor(count, device="cuda"))
+    got, new = recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, on_device, window=window)
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(new[:3], after[:3]))
+    assert isinstance(new.count, torch.Tensor) and int(new.count) == count + 1
