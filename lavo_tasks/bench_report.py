@@ -143,16 +143,17 @@ def draw_decode(cells, source):
     """draw for keys (task, attention, context, beam, mode): one line per bench_decode row.
     A row of the first protocol (the context read inside each run) has no state and one
     peak, the encoder or prefill included: shown in the decode peak column, marked *."""
-    lines = ["| task | attention | context | beam | mode | wall ms / token | GPU ms / token | wall / GPU | kernels / token "
-             "| state GiB | decode peak GiB | prepare peak GiB |", "|---" * 12 + "|"]
-    for key in sorted(cells, key=lambda k: (k[0], ATTENTIONS.index(k[1]) if k[1] in ATTENTIONS else 9, *k[2:])):
+    lines = ["| task | attention | context | beam | mode | wall ms / token | GPU ms / token | wall / GPU "
+             "| kernels / token | state GiB | decode peak GiB | prepare peak GiB |", "|---" * 12 + "|"]
+    rank = {name: i for i, name in enumerate(ATTENTIONS)}  # other attentions after these
+    for key in sorted(cells, key=lambda k: (k[0], rank.get(k[1], len(ATTENTIONS)), *k[2:])):
         r = cells[key]
         state = f"{r['state_gib']:.3f}" if "state_gib" in r else "-"
         peak = f"{r['peak_gib']:.3f}" + ("" if "state_gib" in r else " *")
         prepare = f"{r['prepare_peak_gib']:.3f}" if "prepare_peak_gib" in r else "-"
-        lines.append(f"| {r['task']} | {r['attention']}{source(key)} | {fmt_len(r['context'])} | {r['beam']} | {r['mode']} "
-                     f"| {r['wall_ms']:.2f} | {r['gpu_ms']:.2f} | {r['wall_ms'] / r['gpu_ms']:.2f} | {r['kernels']:.0f} "
-                     f"| {state} | {peak} | {prepare} |")
+        lines.append(f"| {r['task']} | {r['attention']}{source(key)} | {fmt_len(r['context'])} | {r['beam']} "
+                     f"| {r['mode']} | {r['wall_ms']:.2f} | {r['gpu_ms']:.2f} | {r['wall_ms'] / r['gpu_ms']:.2f} "
+                     f"| {r['kernels']:.0f} | {state} | {peak} | {prepare} |")
     return lines
 
 

@@ -701,5 +701,5 @@ class _FrameSearch:
         return Frames(self.frames[:, :steps], self.stop_probs[:, :steps], lengths)
 
 
-__all__ = ["Frames", "Generated", "beam_search", "check_batch", "check_cuda_graph_key", "generate", "generate_frames", "own_buffers",
-           "reorder", "reorder_changing", "static_state", "use_cuda_graph"]
+__all__ = ["Frames", "Generated", "beam_search", "check_batch", "check_cuda_graph_key", "generate", "generate_frames",
+           "own_buffers", "reorder", "reorder_changing", "static_state", "use_cuda_graph"]
