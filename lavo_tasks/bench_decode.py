@@ -10,12 +10,17 @@ sequence, bf16 autocast. `contexts`: what the decode starts from, in tokens: lm,
 prompt; summarization, the source; tts, the text. `beams` applies to summarization
 (lm and tts decode greedily). No end token: every run decodes its full length.
 
-A run is `generate` (`generate_frames` for tts) from init_state; its per-token figures
-are differences between a run of `tokens` + 8 tokens and one of 8, so the encoder, the
-prefill and the capture cancel: ms/token wall (perf_counter between synchronisations),
-GPU ms/token (the kernels' time in torch.profiler) and kernels/token. Peak memory above
-the weights: the CUDA allocator's peak during the long run minus what was allocated
-before it (the weights), the encoder and prefill included. Writes
+The context is read once (lm: the prompt but its last token prefilled; summarization
+and tts: the source or text encoded) into a decode state; each run is `generate`
+(`generate_frames` for tts) from that state, and the per-token figures are differences
+between a run of `tokens` + 8 tokens and one of 8 (each the fastest of 3, after one
+untimed call of both), so the capture and the first token cancel: ms/token wall
+(perf_counter between synchronisations), GPU ms/token (the kernels' time in
+torch.profiler) and kernels/token. Memory, above what was allocated before the context
+was read (the weights): `state` (the decode state's tensors: KV caches, prepared
+sources, constant-size states), `decode peak` (the CUDA allocator's peak during the
+long run, the state included) and `prepare peak` (the peak while reading the context:
+encoder or prefill). Writes
 OUT/bench_decode_<task>.jsonl and prints a Markdown table. Needs CUDA.
 """
 
@@ -31,12 +36,13 @@ from .attention import ATTENTION_NAMES
 from .bench_e2e import bench_config, record
 from .config import split_args
 from .errors import ConfigError
-from .generation import generate, generate_frames
+from .generation import _leaves, generate, generate_frames
 from .run.cli import run_cli
 
 TASKS = ("lm", "summarization", "tts")
 MODES = {"eager": False, "graph": True}
 SHORT = 8  # tokens of the short run whose figures are subtracted
+REPEATS = 3  # timed calls of each run, the fastest kept
 # The lm cab preset's context (8,192) makes the default corpus's test split too short for
 # the DataModule's check; the spec (the vocabulary) does not depend on it, nor the model.
 DATA_OVERRIDES = {"lm": ["data.seq_len=1024"]}
@@ -52,33 +58,57 @@ def _numbers(key: str, text: str) -> list[int]:
 
 
 def decode_run(task: str, model, context: int, beam: int, device: torch.device):
-    """A function n -> None that decodes n tokens (frames) from a random context of
-    `context` tokens, under bf16 autocast."""
+    """(prepare, run) under bf16 autocast: prepare() reads a random context of `context`
+    tokens (lm: the prompt but its last token, prefilled; summarization: the source,
+    encoded; tts: the text, encoded) and returns the decode state; run(state, n,
+    cuda_graph) decodes n tokens (frames) from it (lm: from the prompt's last token)."""
     g = torch.Generator(device=device).manual_seed(0)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
     if task == "lm":
         prompt = torch.randint(2, model.embed.num_embeddings, (1, context), device=device, generator=g)
 
-        def run(n, cuda_graph):
+        def prepare():
+            with autocast, torch.no_grad():
+                return model(prompt[:, :-1], model.init_state(1))[1]
+
+        def run(state, n, cuda_graph):
             with autocast:
-                generate(model, model.init_state(1), prompt, max_len=n, cuda_graph=cuda_graph)
+                generate(model, state, prompt[:, -1:], max_len=n, cuda_graph=cuda_graph)
     elif task == "summarization":
         source = torch.randint(2, model.embed.num_embeddings, (1, context), device=device, generator=g)
         prefix = torch.ones(1, 1, dtype=torch.long, device=device)
 
-        def run(n, cuda_graph):
+        def prepare():
+            with autocast, torch.no_grad():
+                return model.init_state(source)
+
+        def run(state, n, cuda_graph):
             with autocast:
-                generate(model.step, model.init_state(source), prefix, max_len=n, beam=beam, cuda_graph=cuda_graph)
+                generate(model.step, state, prefix, max_len=n, beam=beam, cuda_graph=cuda_graph)
     else:
         text = torch.randint(1, model.embedding.num_embeddings, (1, context), device=device, generator=g)
         lengths = torch.tensor([context], device=device)
         start = torch.zeros(1, 1, model.n_mels, device=device)
 
-        def run(n, cuda_graph):
+        def prepare():
+            with autocast, torch.no_grad():
+                return model.init_state(text, lengths)
+
+        def run(state, n, cuda_graph):
             with autocast:
-                generate_frames(model.step, model.init_state(text, lengths), start, max_steps=n, stop_threshold=1.0,
+                generate_frames(model.step, state, start, max_steps=n, stop_threshold=1.0,
                                 feedback=model.last_frame, cuda_graph=cuda_graph)
-    return run
+    return prepare, run
+
+
+def state_bytes(state) -> int:
+    """Bytes of the distinct storages behind the tensors of a decode state."""
+    storages = {}
+    for leaf in _leaves(state):
+        if isinstance(leaf, torch.Tensor):
+            storage = leaf.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def _kernels(run) -> tuple[int, float]:
@@ -91,38 +121,48 @@ def _kernels(run) -> tuple[int, float]:
 
 
 def _seconds(run) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    run()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
+    """The fastest of REPEATS timed calls of run() (the capture's host time varies)."""
+    times = []
+    for _ in range(REPEATS):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
-def measure(run, tokens: int, cuda_graph: bool) -> dict:
-    """Per-token figures of `run` (decode_run's), long run minus short run."""
-    short, long = (lambda: run(SHORT, cuda_graph)), (lambda: run(SHORT + tokens, cuda_graph))
-    short()  # compiles, autotunes
+def measure(prepare, run, tokens: int, cuda_graph: bool) -> dict:
+    """Per-token figures of decode_run's (prepare, run): long run minus short run, from
+    one prepared state; the memory above the weights (what was allocated before prepare)."""
+    weights = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    state = prepare()
+    torch.cuda.synchronize()
+    prepare_peak = torch.cuda.max_memory_allocated() - weights
+    short, long = (lambda: run(state, SHORT, cuda_graph)), (lambda: run(state, SHORT + tokens, cuda_graph))
+    short(), long()  # compiles, autotunes, library plans for both lengths
     wall = (_seconds(long) - _seconds(short)) / tokens
     (k_long, gpu_long), (k_short, gpu_short) = _kernels(long), _kernels(short)
-    base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     long()
-    peak = torch.cuda.max_memory_allocated() - base
+    decode_peak = torch.cuda.max_memory_allocated() - weights
     return {"wall_ms": wall * 1e3, "gpu_ms": (gpu_long - gpu_short) / tokens,
-            "kernels": (k_long - k_short) / tokens, "peak_gib": peak / 2**30}
+            "kernels": (k_long - k_short) / tokens, "state_gib": state_bytes(state) / 2**30,
+            "peak_gib": decode_peak / 2**30, "prepare_peak_gib": prepare_peak / 2**30}
 
 
 def markdown_table(task: str, rows: list[dict]) -> str:
     lines = [f"### bench_decode: {task} (bf16 autocast, one sequence)", "",
              "| attention | context | beam | mode | wall ms/token | GPU ms/token | wall/GPU | kernels/token | "
-             "peak GiB above weights |", "|---|---|---|---|---|---|---|---|---|"]
+             "state GiB | decode peak GiB | prepare peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['attention']} | {r['context']} | {r['beam']} | {r['mode']} | {r['error']} |||||")
+            lines.append(f"| {r['attention']} | {r['context']} | {r['beam']} | {r['mode']} | {r['error']} |||||||")
             continue
         lines.append(f"| {r['attention']} | {r['context']} | {r['beam']} | {r['mode']} | {r['wall_ms']:.3f} | "
                      f"{r['gpu_ms']:.3f} | {r['wall_ms'] / max(r['gpu_ms'], 1e-9):.2f} | {r['kernels']:.0f} | "
-                     f"{r['peak_gib']:.3f} |")
+                     f"{r['state_gib']:.3f} | {r['peak_gib']:.3f} | {r['prepare_peak_gib']:.3f} |")
     return "\n".join(lines)
 
 
@@ -169,10 +209,10 @@ def bench(args: list[str]) -> list[dict]:
             model = tasks.load_task(task).Module(cfg, spec).model.to(device).eval()
             for context in contexts:
                 for beam in beams:
-                    run = decode_run(task, model, context, beam, device)
+                    prepare, run = decode_run(task, model, context, beam, device)
                     for mode in modes:
                         rows.append(record({"attention": name, "context": context, "beam": beam, "mode": mode},
-                                           log, meta, lambda: measure(run, tokens, MODES[mode])))
+                                           log, meta, lambda: measure(prepare, run, tokens, MODES[mode])))
             del model
             torch.cuda.empty_cache()
     print(markdown_table(task, rows))

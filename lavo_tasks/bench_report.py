@@ -155,6 +155,24 @@ def pattern_shape(r: dict) -> str:
     return f"{r['pattern']}, {kernel_shape(r)}"
 
 
+def draw_decode(cells, source):
+    """draw for keys (task, attention, context, beam, mode): one line per bench_decode row.
+    A row of the first protocol (the context read inside each run) has no state and one
+    peak, the encoder or prefill included: shown in the decode peak column, marked *."""
+    lines = ["| task | attention | context | beam | mode | wall ms / token | GPU ms / token | wall / GPU "
+             "| kernels / token | state GiB | decode peak GiB | prepare peak GiB |", "|---" * 12 + "|"]
+    rank = {name: i for i, name in enumerate(ATTENTIONS)}  # other attentions after these
+    for key in sorted(cells, key=lambda k: (k[0], rank.get(k[1], len(ATTENTIONS)), *k[2:])):
+        r = cells[key]
+        state = f"{r['state_gib']:.3f}" if "state_gib" in r else "-"
+        peak = f"{r['peak_gib']:.3f}" + ("" if "state_gib" in r else " *")
+        prepare = f"{r['prepare_peak_gib']:.3f}" if "prepare_peak_gib" in r else "-"
+        lines.append(f"| {r['task']} | {r['attention']}{source(key)} | {fmt_len(r['context'])} | {r['beam']} "
+                     f"| {r['mode']} | {r['wall_ms']:.2f} | {r['gpu_ms']:.2f} | {r['wall_ms'] / r['gpu_ms']:.2f} "
+                     f"| {r['kernels']:.0f} | {state} | {peak} | {prepare} |")
+    return lines
+
+
 TABLES = [
     Table("kernel-train", lambda r: r.get("kind") == "kernel" and r.get("pattern", "CS") == "CS", ("op", "B", "T", "fwd_ms", "fwd_bwd_ms", "peak_mib"),
           lambda r: (r["op"], (r["T"], r["B"])),
@@ -180,6 +198,9 @@ TABLES = [
     Table("e2e-tasks", lambda r: "task" in r and "samples_per_s" in r,
           ("attention", "batch", "tokens_per_s", "step_ms", "peak_gib", "params"), lambda r: (r["task"], r["attention"]),
           draw_tasks),
+    Table("e2e-decode", lambda r: "task" in r and "mode" in r and "wall_ms" in r,
+          ("attention", "context", "beam", "mode", "wall_ms", "gpu_ms", "kernels", "peak_gib"),
+          lambda r: (r["task"], r["attention"], r["context"], r["beam"], r["mode"]), draw_decode),
 ]
 
 

@@ -87,6 +87,16 @@ def _leaves(state) -> list:
     return out
 
 
+def check_batch(state, rows: int, argument: str) -> None:
+    """ValueError naming `argument` unless every tensor of `state` with a batch dimension
+    has `rows` rows (a 0-dim tensor has none; a tensor broadcast over the batch, stride 0
+    in dim 0, serves any batch)."""
+    for leaf in _leaves(state):
+        if isinstance(leaf, Tensor) and leaf.dim() > 0 and leaf.stride(0) != 0 and leaf.shape[0] != rows:
+            raise ValueError(f"{argument}: {rows} rows, but the decode state holds a batch of {leaf.shape[0]} "
+                             f"(a tensor of shape {tuple(leaf.shape)}); make the state for {rows} rows")
+
+
 def static_state(state, *, room: int, device):
     """`state` for a loop of fixed-shape steps: a part with a `with_room(room)` method (a
     growing cache) is replaced by its fixed-size form for `room` more positions, and every
@@ -107,6 +117,15 @@ def static_state(state, *, room: int, device):
         return part
 
     return convert(state)
+
+
+def _with_room(state, room: int, argument: str, device):
+    """`static_state(state, room=room)`, a cache without that much room an error naming
+    `argument` (the generation's length): a part's with_room raises ValueError for that."""
+    try:
+        return static_state(state, room=room, device=device)
+    except ValueError as error:
+        raise ValueError(f"{argument}={room}: {error}") from None
 
 
 def own_buffers(static, step: Callable, parents: Tensor | None = None) -> tuple[object, list[bool], bool]:
@@ -205,6 +224,14 @@ class _Captured:
     CUDA generator that `advance` draws from is registered with the graph."""
 
     def __init__(self, advance: Callable, warm: Callable, generator: torch.Generator | None):
+        rng = _RngStates(generator)
+        try:
+            self._capture(advance, warm, generator)
+        except Exception:
+            rng.restore()  # the eager decode that follows draws what it would have drawn without the attempt
+            raise
+
+    def _capture(self, advance: Callable, warm: Callable, generator: torch.Generator | None) -> None:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -222,6 +249,21 @@ class _Captured:
 
     def __call__(self) -> None:
         self.graph.replay()
+
+
+class _RngStates:
+    """The states of the CUDA random generators a capture may draw from or register (the
+    default one of the current device, and `generator`), to be put back when it fails."""
+
+    def __init__(self, generator: torch.Generator | None):
+        self.default = torch.cuda.get_rng_state()
+        self.generator = generator
+        self.own = generator.get_state() if generator is not None else None
+
+    def restore(self) -> None:
+        torch.cuda.set_rng_state(self.default)
+        if self.generator is not None:
+            self.generator.set_state(self.own)
 
 
 def _run(search, steps: int, *, captured: bool, check_every: int, generator=None) -> None:
@@ -289,6 +331,7 @@ def generate(step: Callable, state, prefix: Tensor, *, max_len: int, min_len: in
                      no_repeat_ngram=no_repeat_ngram, temperature=temperature, top_k=top_k, top_p=top_p,
                      max_positions=max_positions)
     captured = use_cuda_graph(cuda_graph, prefix.device)
+    check_batch(state, prefix.shape[0], "prefix")
     if beam > 1:
         return beam_search(step, state, prefix, beam=beam, max_len=max_len, min_len=min_len, eos_id=eos_id,
                            pad_id=pad_id, length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
@@ -393,7 +436,7 @@ class _TokenSearch:
         self.history[:, : self.start] = prefix
         self.count = torch.zeros((), dtype=torch.long, device=device)
         self.token = torch.zeros(rows, 1, dtype=torch.long, device=device)
-        state = static_state(state, room=max_len, device=device)
+        state = _with_room(state, max_len, "max_len", device)
         # the probe step runs on the state itself (no parents: a reorder would copy it all)
         self.state, self.changing, self.fixed_shape = own_buffers(state, lambda s: self.step(self.token, s)[1])
         self.in_place = False
@@ -408,6 +451,9 @@ class _TokenSearch:
     def feed(self) -> None:
         """The model step on the last chosen tokens, its state stored in the buffers."""
         logits, new = self._step()
+        if logits.shape[0] != self.last.shape[0]:  # a shape on the host: no wait for the GPU
+            raise ValueError(f"step: gave logits for {logits.shape[0]} rows in a generation of "
+                             f"{self.last.shape[0]} (batch x beam); the batch must not change mid-generation")
         self.last.copy_(logits[:, -1])
         _keep(self, new)
 
@@ -486,6 +532,7 @@ def beam_search(step: Callable, state, prefix: Tensor, *, beam: int, max_len: in
                      no_repeat_ngram=no_repeat_ngram, temperature=0.0, top_k=0, top_p=1.0,
                      max_positions=max_positions)
     captured = use_cuda_graph(cuda_graph, prefix.device)
+    check_batch(state, prefix.shape[0], "prefix")
     logits, state = step(prefix, state)
     expand = torch.arange(prefix.shape[0], device=prefix.device).repeat_interleave(beam)  # B -> B * beam rows
     rules = _Rules(min_len, eos_id, no_repeat_ngram)
@@ -600,6 +647,7 @@ def generate_frames(step: Callable, state, start: Tensor, *, max_steps: int, sto
     if not isinstance(stop_threshold, (int, float)) or not 0 < stop_threshold <= 1:
         raise ValueError(f"stop_threshold={stop_threshold!r}: must be in (0, 1]")
     captured = use_cuda_graph(cuda_graph, start.device)
+    check_batch(state, start.shape[0], "start")
     search = _FrameSearch(step, state, start, max_steps=max_steps, stop_threshold=stop_threshold, feedback=feedback)
     search.advance()
     _run(search, max_steps - 1, captured=captured, check_every=_check_every(start.device))
@@ -618,7 +666,7 @@ class _FrameSearch:
         self.count = torch.zeros((), dtype=torch.long, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.stopped = torch.zeros(batch, dtype=torch.bool, device=device)
-        state = static_state(state, room=max_steps, device=device)
+        state = _with_room(state, max_steps, "max_steps", device)
         self.state, _, self.fixed_shape = own_buffers(state, lambda s: step(self.x, s)[2])
         self.in_place = False
         self.frames = self.stop_probs = None
@@ -653,5 +701,5 @@ class _FrameSearch:
         return Frames(self.frames[:, :steps], self.stop_probs[:, :steps], lengths)
 
 
-__all__ = ["Frames", "Generated", "beam_search", "check_cuda_graph_key", "generate", "generate_frames", "own_buffers",
-           "reorder", "reorder_changing", "static_state", "use_cuda_graph"]
+__all__ = ["Frames", "Generated", "beam_search", "check_batch", "check_cuda_graph_key", "generate", "generate_frames",
+           "own_buffers", "reorder", "reorder_changing", "static_state", "use_cuda_graph"]

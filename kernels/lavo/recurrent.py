@@ -24,11 +24,17 @@ RING_BLOCK = 64  # buffer slots per step of the loop over the ring
 @triton.jit
 def lavo_step_kernel(
     Q, K, V, BAS, RHO, MU, KEYS, VALUES, MEM, NEW_KEYS, NEW_VALUES, NEW_MEM, O,
-    H, t, scale,
+    H, T, scale,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
-    RING: tl.constexpr, BLK: tl.constexpr, NBLK: tl.constexpr,
+    RING: tl.constexpr, BLK: tl.constexpr, NBLK: tl.constexpr, T_ON_DEVICE: tl.constexpr,
 ):
     bh = tl.program_id(0)  # b * H + h
+    # the position: an int, or a 0-dim tensor read here (a captured decode replays the
+    # launch as it was recorded, so the position must come from device memory)
+    if T_ON_DEVICE:
+        t = tl.load(T)
+    else:
+        t = T
     h = bh % H
     dd = tl.arange(0, BD)
     rr = tl.arange(0, BR)
@@ -83,7 +89,9 @@ def lavo_step_kernel(
 def recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, *, window, scale=None):
     """`lavo_decode_step` on Triton (same arguments without `backend`, checked by the
     caller): q, k, v [B, H, d] -> (o [B, H, d], the state after the token); `state` is
-    left as it was.
+    left as it was. `state.count` is an int or a 0-dim long tensor on q's device (the
+    kernel reads it there, so a CUDA graph of the step serves every position); the new
+    count is of the same kind.
 
     A decode step is a few microseconds of GPU work, so the host side is kept to the
     launch: tensors already in the layout the kernel reads are passed as they are."""
@@ -94,13 +102,18 @@ def recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state, *, window, sc
     keys, values = _ready(state.keys, state.keys.dtype), _ready(state.values, state.values.dtype)
     mem_sum = _ready(state.mem_sum, torch.float32)
     q, k, v = _ready(q, q.dtype), _ready(k, keys.dtype), _ready(v, values.dtype)
-    new = LavoDecodeState(torch.empty_like(keys), torch.empty_like(values), torch.empty_like(mem_sum), state.count + 1)
+    count = state.count
+    on_device = isinstance(count, torch.Tensor)
+    if on_device and (count.dim() != 0 or count.dtype != torch.long or count.device != q.device):
+        raise ValueError(f"state.count: an int or a 0-dim long tensor on {q.device}, got {count.dtype} "
+                         f"{tuple(count.shape)} on {count.device}")
+    new = LavoDecodeState(torch.empty_like(keys), torch.empty_like(values), torch.empty_like(mem_sum), count + 1)
     o = torch.empty_like(q)
     # the kernel reads mem_bias[h] of a contiguous [H] or [H, 1] tensor alike
     lavo_step_kernel[(batch * heads,)](
         q, k, v, _ready(basis, torch.float32), _ready(rel_bias, torch.float32), _ready(mem_bias, torch.float32),
-        keys, values, mem_sum, new.keys, new.values, new.mem_sum, o, heads, state.count, scale,
-        **_step_meta(dim, basis.shape[1], window),
+        keys, values, mem_sum, new.keys, new.values, new.mem_sum, o, heads, count, scale,
+        T_ON_DEVICE=on_device, **_step_meta(dim, basis.shape[1], window),
     )
     return o, new
 

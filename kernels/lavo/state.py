@@ -49,12 +49,15 @@ class LavoDecodeState(NamedTuple):
 class LavoSource(NamedTuple):
     """A cross-attention source prepared once for decoding (CC, NC).
 
-    keys, values [B, H, m, d] and valid [B, m] (1 = real position) in the compute dtype;
-    `means`: CC, the prefix means h_t [B, H, m, r]; NC, the segment means [B, H, S, r].
+    keys, values [B, H, m, d] in the dtype of the source's k and v (bf16 under autocast:
+    a step casts the few rows of its window to the compute dtype, exactly); None for NC,
+    whose queries read the means only. valid [B, m] (1 = real position) and `means` in the
+    compute dtype (the sums behind them need it): CC, the prefix means h_t [B, H, m, r];
+    NC, the segment means [B, H, S, r].
     """
 
-    keys: torch.Tensor
-    values: torch.Tensor
+    keys: torch.Tensor | None
+    values: torch.Tensor | None
     valid: torch.Tensor
     means: torch.Tensor
     causal: bool

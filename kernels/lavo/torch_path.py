@@ -231,15 +231,17 @@ def torch_lavo_prefill_state(k, v, basis, *, window) -> LavoDecodeState:
 
 
 def torch_lavo_source(k, v, basis, *, causal, segments, kv_mask) -> LavoSource:
-    """`lavo_source`: k, v [B, m, H, d] in the compute dtype with the source's memory
-    means (prefix means causal, segment means noncausal), autocast off."""
+    """`lavo_source`: CC, k, v [B, m, H, d] as [B, H, m, d] in their dtype, with the
+    prefix means; NC, the segment means alone. The means in the compute dtype, autocast
+    off."""
     with torch.autocast(k.device.type, enabled=False):
         cdt = compute_dtype(k.dtype, v.dtype, basis.dtype)
-        keys, values = (x.transpose(1, 2).to(cdt) for x in (k, v))  # [B, H, m, d]
         valid = torch.ones(k.shape[:2], dtype=cdt, device=k.device) if kv_mask is None else kv_mask.to(cdt)
-        c = coefficients(values, basis.to(cdt)) * valid[:, None, :, None]  # [B, H, m, r]
-        means = prefix_means(c, valid) if causal else segment_means(c, valid, segments)
-        return LavoSource(keys, values, valid, means, causal)
+        c = coefficients(v.transpose(1, 2).to(cdt), basis.to(cdt)) * valid[:, None, :, None]  # [B, H, m, r]
+        if not causal:
+            return LavoSource(None, None, valid, segment_means(c, valid, segments), causal)
+        keys, values = (x.transpose(1, 2).contiguous() for x in (k, v))  # [B, m, H, d] -> [B, H, m, d]
+        return LavoSource(keys, values, valid, prefix_means(c, valid), causal)
 
 
 def torch_lavo_cross_decode(q, source, basis, rel_bias, mem_bias, *, window, start, scale):
@@ -266,7 +268,7 @@ def _cross_decode(q, source, basis, rel_bias, mem_bias, window, start, scale):
     back = torch.arange(window, device=q.device)  # t' - j, the rel_bias index
     position = anchor[:, None] - back  # [t, w]
     index = position.clamp(min=0)
-    keys, values = source.keys[:, :, index], source.values[:, :, index]  # [B, H, t, w, d]
+    keys, values = source.keys[:, :, index].to(cdt), source.values[:, :, index].to(cdt)  # [B, H, t, w, d]
     logits = scale * (keys @ qc[..., None])[..., 0] + rel_bias.to(cdt)[:, None, :]  # [B, H, t, w]
     real = (source.valid[:, index] > 0) & (position >= 0)  # [B, t, w]
     logits = logits.masked_fill(~real[:, None], float("-inf"))

@@ -23,13 +23,15 @@ class GsaDecodeState(NamedTuple):
     """Decode state of `gsa`, constant size in the number of target positions.
 
     CS: `memory` holds the slots after the positions seen so far. CC: `source` holds the
-    context projected once (k, v, log alpha, mask) and `memory` the source scan advanced
+    context projected once (k, v, the gates' projection f, mask: f in the projection's
+    dtype, half log alpha's fp32 under autocast; a step takes the gates of the one source
+    position it reads) and `memory` the source scan advanced
     to source position min(position - 1, m - 1). NC: `memory` is the final source state,
     computed once; every query reads it.
     """
 
     memory: GsaState  # (K~ [B, H, M, d], V~ [B, H, M, d]) in fp32
-    source: tuple | None  # CC: (k [B,S,H,d], v [B,S,H,d], log_alpha [B,S,H,M], mask [B,S] or None)
+    source: tuple | None  # CC: (k [B,S,H,d], v [B,S,H,d], f [B,S,H*M], mask [B,S] or None)
     position: int  # target positions before the next call
 
 
@@ -64,9 +66,17 @@ class GatedSlotAttention(AttentionBlock):
 
     def _source(self, source):
         """k, v [B, S, H, d] and log alpha [B, S, H, M] (fp32) of the positions written."""
+        k, v, f = self._projected(source)
+        return k, v, self._gates(f)
+
+    def _projected(self, source):
+        """k, v [B, S, H, d] and the gates' projection f [B, S, H * M], in the projections' dtype."""
         k, v = self.split_heads(F.silu(self.k_proj(source))), self.split_heads(F.silu(self.v_proj(source)))
-        log_alpha = F.logsigmoid(self.f_proj(source).float()).view(*source.shape[:2], self.n_heads, self.slots) / self.tau
-        return k, v, log_alpha
+        return k, v, self.f_proj(source)
+
+    def _gates(self, f):
+        """f [B, S, H * M] -> log alpha [B, S, H, M] in fp32."""
+        return F.logsigmoid(f.float()).view(*f.shape[:2], self.n_heads, self.slots) / self.tau
 
     def _whole(self, x, source, key_mask):
         o, _ = gsa_attn(self._queries(x), *self._source(source), causal=self.causal, cross=self.cross,
@@ -93,9 +103,9 @@ class GatedSlotAttention(AttentionBlock):
 
     def _cross_state(self, context, context_mask) -> GsaDecodeState:
         memory = self._empty_memory(context.shape[0])
-        k, v, log_alpha = self._source(context)
         if self.causal:
-            return GsaDecodeState(memory, (k, v, log_alpha, context_mask), 0)
+            return GsaDecodeState(memory, (*self._projected(context), context_mask), 0)
+        k, v, log_alpha = self._source(context)
         # NC: the final source state, once; a zero query stands in (its output is unused).
         _, memory = gsa_attn(k.new_zeros(k.shape[0], 1, *k.shape[2:]), k, v, log_alpha, causal=False, cross=True,
                              kv_mask=context_mask, output_final_state=True, backend=self.backend)
@@ -116,12 +126,12 @@ class GatedSlotAttention(AttentionBlock):
         if self.causal:
             # CC: these queries read source positions up to min(position + t, m) - 1, so the
             # source scan advances by that segment (empty once the source is used up).
-            k, v, log_alpha, source_mask = state.source
+            k, v, f, source_mask = state.source
             if isinstance(state.position, torch.Tensor):
                 return self._device_position_cc_step(q, state)
             segment = slice(state.position, min(state.position + t, k.shape[1]))
             seg_mask = None if source_mask is None else source_mask[:, segment]
-            o, memory = gsa_attn(q, k[:, segment], v[:, segment], log_alpha[:, segment], causal=True, cross=True,
+            o, memory = gsa_attn(q, k[:, segment], v[:, segment], self._gates(f[:, segment]), causal=True, cross=True,
                                  initial_state=state.memory, output_final_state=True, kv_mask=seg_mask,
                                  backend=self.backend)
             return self._output(o), GsaDecodeState(memory, state.source, state.position + t)
@@ -139,13 +149,14 @@ class GatedSlotAttention(AttentionBlock):
         if q.shape[1] != 1:
             raise ValueError(f"attention 'gsa' (CC): a position on the device takes one target position, "
                              f"got {q.shape[1]}")
-        k, v, log_alpha, source_mask = state.source
+        k, v, f, source_mask = state.source
         m = k.shape[1]
         p = state.position.clamp(max=m - 1).reshape(1)
         writes = (state.position < m).expand(k.shape[0])  # [B]
         if source_mask is not None:
             writes = writes & source_mask.index_select(1, p)[:, 0]
-        k_p, v_p, log_alpha_p = (part.index_select(1, p)[:, 0] for part in (k, v, log_alpha))  # [B, H, ...]
+        k_p, v_p = (part.index_select(1, p)[:, 0] for part in (k, v))  # [B, H, d]
+        log_alpha_p = self._gates(f.index_select(1, p))[:, 0]  # [B, H, M]
         log_alpha_p = torch.where(writes[:, None, None], log_alpha_p, 0.0)
         o, memory = gsa_decode_step(q[:, 0], k_p, v_p, log_alpha_p, state.memory, backend=self.backend)
         return self._output(o[:, None]), GsaDecodeState(memory, state.source, state.position + 1)

@@ -153,7 +153,8 @@ class LavoAttention(AttentionBlock):
         memory = state.memory
         if self.cross:
             o = lavo_cross_decode(
-                q, state.source, basis, self.rel_bias, self.mem_bias, window=self.window, start=state.position
+                q, state.source, basis, self.rel_bias, self.mem_bias, window=self.window, start=state.position,
+                backend=self.backend,
             )
         else:
             o, memory = self._decode_self(q, x, basis, memory, state.position)
@@ -162,10 +163,10 @@ class LavoAttention(AttentionBlock):
 
     def _decode_self(self, q, x, basis, memory: LavoDecodeState, position: int):
         k, v = self._keys_values(x, position)
-        # A count on the device (a captured decode) goes to the PyTorch step, whose slot
-        # and position arithmetic take a tensor; the Triton step takes the count as an int.
+        # the count is an int, or a 0-dim tensor on the device (a captured decode): both
+        # steps take either
+        options = dict(window=self.window, backend=self.backend)
         on_device = isinstance(memory.count, torch.Tensor)
-        options = dict(window=self.window, backend="torch" if on_device else self.backend)
         if not on_device and memory.count == 0 and q.shape[1] > 1:  # a prompt: all at once, then the state after it
             return lavo_prefill(q, k, v, basis, self.rel_bias, self.mem_bias, **options)
         outputs = []

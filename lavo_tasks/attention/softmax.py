@@ -111,6 +111,16 @@ class StaticKVCache(NamedTuple):
 
     IN_PLACE = True  # for lavo_tasks.generation: a step writes into k and v (beam search reorders them)
 
+    def with_room(self, room: int):
+        """This cache, if it has room for `room` more positions; else ValueError (a
+        generation longer than the cache was made for). Reads a position on the device
+        once (before a decode, never inside one)."""
+        capacity, filled = self.k.shape[2], int(self.position)
+        if filled + room > capacity:
+            raise ValueError(f"the static KV cache has room for {capacity - filled} more positions "
+                             f"({filled} of {capacity} filled), {room} asked")
+        return self
+
 
 class SoftmaxAttention(AttentionBlock):
     """Exact attention; the `local` block extends it with a window (and has no `alibi`)."""
@@ -190,6 +200,9 @@ class SoftmaxAttention(AttentionBlock):
         (in place; a position past the capacity is an error of the caller's `room`), and
         the queries see the filled positions up to their own."""
         t, capacity = x.shape[1], state.k.shape[2]
+        if not isinstance(state.position, torch.Tensor) and state.position + t > capacity:
+            raise ValueError(f"the static KV cache has room for {capacity - state.position} more positions, "
+                             f"{t} given")
         q = self._queries(x, state.position)
         k_new, v_new = self._keys_values(x, state.position)
         positions = state.position + torch.arange(t, device=x.device)  # [t]

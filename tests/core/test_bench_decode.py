@@ -18,3 +18,14 @@ def test_bad_arguments(args, message, capsys):
     assert bench_decode.main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+def test_state_bytes_counts_each_storage_once():
+    """A view, an expanded tensor and a second reference share their storage: counted
+    once; plain values count nothing."""
+    import torch
+
+    cache = torch.zeros(2, 3, 4)  # 96 bytes of fp32
+    basis = torch.zeros(5, dtype=torch.float64)[None].expand(7, -1)  # 40 bytes, 7 rows of views
+    state = ({"k": cache, "view": cache[:, 1]}, [basis, cache], 3, None)
+    assert bench_decode.state_bytes(state) == 96 + 40

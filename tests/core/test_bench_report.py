@@ -121,3 +121,22 @@ def test_a_missing_folder_or_page_is_one_line(tmp_path, capsys):
     (tmp_path / "bench").mkdir()
     assert bench_report.main([str(tmp_path / "bench")]) == 2
     assert "benchmarks.md: no such page" in capsys.readouterr().err
+
+
+def test_decode_rows_of_both_protocols(tmp_path):
+    """bench_decode rows: one line each; a row without a state (the first protocol, whose
+    one peak includes the encoder) shows '-' and marks its peak with *."""
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    row = {"date": "d", "device": "GPU-A", "torch": "9.9", "task": "summarization", "context": 4096, "beam": 4,
+           "mode": "graph", "wall_ms": 3.0, "gpu_ms": 1.5, "kernels": 700.0, "peak_gib": 0.5}
+    write(bench, "2026-01-01-gpu.jsonl", [row | {"attention": "lavo"}])
+    write(bench, "2026-01-02-gpu.jsonl", [row | {"attention": "softmax", "wall_ms": 1.25, "gpu_ms": 1.0,
+                                                 "state_gib": 0.125, "prepare_peak_gib": 2.0}])
+    page = tmp_path / "benchmarks.md"
+    page.write_text("<!-- table: e2e-decode -->\n<!-- end table -->\n")
+    assert bench_report.main([str(bench)]) == 0
+    lines = page.read_text().splitlines()
+    assert lines[3] == ("| summarization | softmax<sup>2</sup> | 4K | 4 | graph | 1.25 | 1.00 | 1.25 | 700 | 0.125 | 0.500 "
+                        "| 2.000 |")
+    assert lines[4] == "| summarization | lavo | 4K | 4 | graph | 3.00 | 1.50 | 2.00 | 700 | - | 0.500 * | - |"

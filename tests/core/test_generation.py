@@ -355,6 +355,41 @@ def test_bad_prefix():
         generate(fixed_preference(5), torch.zeros(1), torch.zeros(1, 2), max_len=2)
 
 
+def test_a_state_of_another_batch_names_the_prefix():
+    """A state made for 3 rows and a prefix of 2: one error naming the prefix, before any
+    step (greedy and beam alike); the frame loop names its start."""
+    model = ToyModel("softmax")
+    for options in (dict(), dict(beam=2)):
+        with pytest.raises(ValueError, match=r"prefix: 2 rows, but the decode state holds a batch of 3"):
+            generate(model.step, model.init_state([0, 1, 2]), PREFIX[:2], max_len=3, **options)
+    with pytest.raises(ValueError, match=r"start: 2 rows, but the decode state holds a batch of 3"):
+        generate_frames(frame_step([1, 1, 1]), torch.zeros(3), torch.zeros(2, 1, 4), max_steps=3)
+
+
+def test_a_step_that_changes_the_batch_mid_generation():
+    """A step that drops a row after the prefix: one error naming the step and the batch."""
+
+    def step(tokens, state):
+        rows = tokens.shape[0] if tokens.shape[1] > 1 else tokens.shape[0] - 1
+        return torch.zeros(rows, tokens.shape[1], 5), state
+
+    for options in (dict(), dict(beam=2)):
+        with pytest.raises(ValueError, match="step: gave logits for .* the batch must not change mid-generation"):
+            generate(step, torch.zeros(2), torch.zeros(2, 2, dtype=torch.long), max_len=4, **options)
+
+
+def test_max_len_above_the_room_of_a_static_cache():
+    """A softmax state already in a static KV cache with room for 3 more positions: a
+    generation that needs more names max_len (the prefix token takes one of the 3)."""
+    model = ToyModel("softmax")
+    with torch.no_grad():
+        _, state = model.step(PREFIX, model.init_state([0, 1, 2]))
+    static = static_state(state, room=3, device=PREFIX.device)
+    with pytest.raises(ValueError, match=r"max_len=5: the static KV cache has room for 2 more positions \(3 of 5"):
+        generate(model.step, static, PREFIX[:, -1:], max_len=5)
+    assert generate(model.step, static, PREFIX[:, -1:], max_len=2).tokens.shape[0] == 3  # what fits decodes
+
+
 # --------------------------------------------------------------------------------------
 # Frames
 

@@ -175,3 +175,35 @@ def _refuse(read):
         raise AssertionError(f"a decode step read a tensor back to the host (Tensor.{read})")
 
     return refuse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("own_generator", [False, True])
+def test_a_failed_capture_leaves_the_random_state_as_eager_decoding_would(own_generator, capsys):
+    """A step that draws noise from the default CUDA generator and then reads a tensor back
+    to the host cannot be captured: the decode falls back to eager steps with a notice, and
+    samples exactly what a decode run eagerly from the same seeds samples (the warm-up
+    steps and the failed capture drew nothing that counts)."""
+
+    def step(tokens, state):
+        noise = torch.rand(tokens.shape[0], tokens.shape[1], VOCAB, device="cuda")
+        if noise.sum() < 0:  # a host read: never true, but the capture cannot wait for it
+            raise AssertionError("rand gave a negative number")
+        logits = 3.0 * torch.nn.functional.one_hot((tokens * 7 + 3) % VOCAB, VOCAB).float() + 2.0 * noise
+        return logits, state + 1
+
+    def run(cuda_graph):
+        torch.manual_seed(0)
+        generator = torch.Generator(device="cuda").manual_seed(1) if own_generator else None
+        prefix = torch.tensor([[2], [5]], device="cuda")
+        return generate(step, torch.zeros(2, device="cuda"), prefix, max_len=12, temperature=1.0,
+                        generator=generator, cuda_graph=cuda_graph)
+
+    eager = run(False)
+    next_after_eager = torch.rand(4, device="cuda")  # the default generator's state after the decode
+    fallback = run(True)
+    next_after_fallback = torch.rand(4, device="cuda")
+    assert "could not be captured" in capsys.readouterr().err
+    assert torch.equal(fallback.tokens, eager.tokens)
+    torch.testing.assert_close(fallback.scores, eager.scores, rtol=0, atol=0)
+    assert torch.equal(next_after_fallback, next_after_eager)

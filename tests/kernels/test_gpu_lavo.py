@@ -143,3 +143,51 @@ def test_decode_step_bf16_matches_torch_step_and_latency():
     state_mib = sum(x.numel() * x.element_size() for x in (state.keys, state.values, state.mem_sum)) / 2**20
     print(f"decode batch {batch}, context {context}: {ms:.4f} ms per token, state {state_mib:.2f} MiB")
     assert ms <= 0.1
+
+
+@pytest.mark.parametrize("count", [3, 200])
+def test_decode_step_takes_the_count_on_the_device(count):
+    """The Triton step with state.count a 0-dim tensor (what a captured decode passes) gives
+    the output and the new state of the same step with count an int, bit for bit, before
+    the ring is full (count 3 < w - 1) and after (200)."""
+    from lavo_tasks.kernels import LavoDecodeState
+    from lavo_tasks.kernels.lavo.recurrent import recurrent_lavo_step
+
+    batch, heads, dim, rank, window = 3, 4, 64, 32, 128
+    g = torch.Generator(device="cuda").manual_seed(11)
+    state = LavoDecodeState.empty(batch, heads, dim, rank, window, dtype=torch.bfloat16, device="cuda")
+    state.keys.normal_(generator=g)
+    state.values.normal_(generator=g)
+    state.mem_sum.normal_(generator=g)
+    q, k, v = (torch.randn(batch, heads, dim, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    _, _, _, basis, rel_bias, mem_bias = make_inputs(1, 1, 1, heads, dim, rank, window, True, torch.bfloat16, seed=3)
+    want, after = recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, state._replace(count=count), window=window)
+    on_device = state._replace(count=torch.tensor(count, device="cuda"))
+    got, new = recurrent_lavo_step(q, k, v, basis, rel_bias, mem_bias, on_device, window=window)
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(new[:3], after[:3]))
+    assert isinstance(new.count, torch.Tensor) and int(new.count) == count + 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_decode_step_matches_torch_path(dtype):
+    """The compiled CC cross-attention step (one target position against a prepared
+    source of 4,096 positions, the last 100 padded in row 1): the PyTorch path's output,
+    max error <= 1e-4 of the max abs, at positions in the first window, inside the
+    source and past its end; the position as a 0-dim tensor gives the same output."""
+    from lavo_tasks.kernels.lavo.cross_step import cross_lavo_step
+    from lavo_tasks.kernels.lavo.decode import lavo_source
+    from lavo_tasks.kernels.lavo.torch_path import torch_lavo_cross_decode
+
+    batch, m, heads, dim, rank, window = 2, 4096, 8, 64, 64, 128
+    q, k, v, basis, rel_bias, mem_bias = make_inputs(batch, 1, m, heads, dim, rank, window, True, dtype, seed=2)
+    mask = torch.ones(batch, m, dtype=torch.bool, device="cuda")
+    mask[1, m - 100 :] = False
+    source = lavo_source(k, v, basis, causal=True, kv_mask=mask)
+    for position in (0, 70, 1000, 4095, 5000):
+        want = torch_lavo_cross_decode(q, source, basis, rel_bias, mem_bias, window=window, start=position, scale=None)
+        got = cross_lavo_step(q, source, basis, rel_bias, mem_bias, window=window, start=position)
+        assert max_rel_error(got.double(), want.double()) <= (1e-4 if dtype == torch.float32 else 1e-2), position
+        on_device = cross_lavo_step(q, source, basis, rel_bias, mem_bias, window=window,
+                                    start=torch.tensor(position, device="cuda"))
+        assert torch.equal(on_device, got)
