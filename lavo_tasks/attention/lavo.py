@@ -153,8 +153,7 @@ class LavoAttention(AttentionBlock):
         memory = state.memory
         if self.cross:
             o = lavo_cross_decode(
-                q, state.source, basis, self.rel_bias, self.mem_bias, window=self.window, start=state.position,
-                backend=self.backend,
+                q, state.source, basis, self.rel_bias, self.mem_bias, window=self.window, start=state.position
             )
         else:
             o, memory = self._decode_self(q, x, basis, memory, state.position)
