@@ -192,7 +192,7 @@ TABLES = [
           lambda r: (r["attention"], r["T"]),
           wide(lambda r: fmt_len(r["T"]), "T", ATTENTIONS,
                lambda r: f"{fmt_k(r['tokens_per_s'])} ({r['step_ms']:.0f})")),
-    Table("e2e-steps", lambda r: "task" in r and "gpu_ms" in r,
+    Table("e2e-steps", lambda r: "task" in r and "gpu_ms" in r and "mode" not in r,  # decode rows: e2e-decode
           ("attention", "compile", "commit", "batch", "tokens_per_step", "step_ms", "gpu_ms", "syncs_per_step",
            "peak_gib"), lambda r: (r["task"], r["attention"], r["compile"], r["commit"]), draw_steps),
     Table("e2e-tasks", lambda r: "task" in r and "samples_per_s" in r,
