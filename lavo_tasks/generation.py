@@ -331,11 +331,11 @@ def generate(step: Callable, state, prefix: Tensor, *, max_len: int, min_len: in
                      no_repeat_ngram=no_repeat_ngram, temperature=temperature, top_k=top_k, top_p=top_p,
                      max_positions=max_positions)
     captured = use_cuda_graph(cuda_graph, prefix.device)
-    check_batch(state, prefix.shape[0], "prefix")
-    if beam > 1:
+    if beam > 1:  # beam_search checks the state's batch itself
         return beam_search(step, state, prefix, beam=beam, max_len=max_len, min_len=min_len, eos_id=eos_id,
                            pad_id=pad_id, length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
                            max_positions=max_positions, cuda_graph=captured)
+    check_batch(state, prefix.shape[0], "prefix")
     if captured and temperature > 0 and generator is not None and generator.device.type != "cuda":
         _notice(f"cuda_graph: sampling with a generator on {generator.device.type} cannot be captured; "
                 "decoding eagerly")
