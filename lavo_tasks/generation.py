@@ -253,17 +253,21 @@ class _Captured:
 
 class _RngStates:
     """The states of the CUDA random generators a capture may draw from or register (the
-    default one of the current device, and `generator`), to be put back when it fails."""
+    default one of the current device, and `generator`), to be put back when it fails.
+
+    A capture that fails leaves each generator it registered marked as capturing (the
+    capture's end, which clears the mark, is never reached), so every later draw in the
+    process raises "Offset increment outside graph capture". Setting the seed and offset
+    back does not clear the mark; swapping in a copy of the state taken before the
+    capture (`graphsafe_set_state`) does."""
 
     def __init__(self, generator: torch.Generator | None):
-        self.default = torch.cuda.get_rng_state()
-        self.generator = generator
-        self.own = generator.get_state() if generator is not None else None
+        default = torch.cuda.default_generators[torch.cuda.current_device()]
+        self.saved = [(g, g.clone_state()) for g in (default, generator) if g is not None]
 
     def restore(self) -> None:
-        torch.cuda.set_rng_state(self.default)
-        if self.generator is not None:
-            self.generator.set_state(self.own)
+        for g, state in self.saved:
+            g.graphsafe_set_state(state)
 
 
 def _run(search, steps: int, *, captured: bool, check_every: int, generator=None) -> None:
