@@ -75,7 +75,9 @@ def bench_config(task: str, attention: str, extra: list[str] = ()):
 
 
 class TokenCount:
-    """Sums B * T of the inputs [B, T, D] of every Encoder / Decoder stack of `model`."""
+    """Sums B * T of the inputs [B, T, D] of every Encoder / Decoder stack of `model`.
+    Only around an eager model: Dynamo traces a compiled model's hooks and guards on the
+    running sum, an int that changes at every call, so every step would compile again."""
 
     def __init__(self, model: torch.nn.Module):
         self.tokens = 0
@@ -101,13 +103,19 @@ def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str
     task = tasks.load_task(cfg.task)
     datamodule = task.DataModule(cfg)
     module = task.Module(cfg, datamodule.spec()).to(device)
-    if compile_mode != "off":
-        compile_model(module.model, compile_mode)
     batch = move_data_to_device(next(iter(datamodule.train_dataloader())), device)
     on_gpu = device.type == "cuda"
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=on_gpu)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu)
+    module.train()
     counter = TokenCount(module)
+    with warnings.catch_warnings(), torch.no_grad(), autocast:  # one eager forward, before compiling
+        warnings.filterwarnings("ignore", message=".*self.log.*")
+        module.training_step(batch, 0)
+    counter.remove()
+    tokens_per_step = counter.tokens
+    if compile_mode != "off":
+        compile_model(module.model, compile_mode)
 
     def step():
         with autocast:
@@ -117,7 +125,6 @@ def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
-    module.train()
     with warnings.catch_warnings():  # the Module logs train_loss; no Trainer is here to take it
         warnings.filterwarnings("ignore", message=".*self.log.*")
         for _ in range(WARMUP_STEPS):
@@ -125,7 +132,6 @@ def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str
         if on_gpu:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        counter.tokens = 0
         start = time.perf_counter()
         for _ in range(steps):
             loss = step()
@@ -133,10 +139,9 @@ def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str
         if on_gpu:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-        counter.remove()
         samples = extract_batch_size(batch)
-        row = {"batch": samples, "samples_per_s": steps * samples / seconds, "tokens_per_s": counter.tokens / seconds,
-               "tokens_per_step": counter.tokens // steps, "step_ms": seconds / steps * 1e3, "loss": loss,
+        row = {"batch": samples, "samples_per_s": steps * samples / seconds,
+               "tokens_per_s": steps * tokens_per_step / seconds, "tokens_per_step": tokens_per_step, "step_ms": seconds / steps * 1e3, "loss": loss,
                "params": sum(p.numel() for p in module.parameters())}
         if on_gpu:
             row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30

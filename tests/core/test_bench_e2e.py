@@ -50,3 +50,20 @@ def test_the_preset_is_cab_and_the_kernel_sizes_apply():
 def test_bad_arguments_are_one_line(args, message):
     with pytest.raises(ConfigError, match=message):
         bench_e2e.bench(args, allow_cpu=True)
+
+
+def test_a_compiled_model_compiles_once_over_the_timed_steps(tmp_path, monkeypatch):
+    """Counting tokens with hooks inside the compiled model made Dynamo compile it again at
+    every step (it guarded on the running count); the count now comes from one eager
+    forward, and the steps of the one batch reuse one graph (aot_eager: Dynamo's frames
+    without Inductor's CPU compile)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(bench_e2e, "compile_model", lambda model, mode: model.compile(backend="aot_eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    rows = bench_e2e.bench(["task=tsf", "attentions=softmax", "steps=4", "compile=default", f"out={tmp_path}",
+                            *TSF_SMALL], allow_cpu=True)
+    assert rows[0]["tokens_per_step"] == 2 * (32 + 16 + 8)
+    assert counters["frames"]["ok"] == 1, dict(counters["frames"])
