@@ -117,7 +117,10 @@ def _local_and_memory(q, k, v, valid, rel_bias, scale, *, lo, hi, h, bq, mu, bas
     before, after = math.ceil(max(hi, 0) / block), math.ceil(max(-lo, 0) / block)
     n_blocks = math.ceil(n / block)
     pad = n_blocks * block - n
-    qb = F.pad(q, (0, 0, 0, pad)).view(batch, heads, n_blocks, block, dim)
+    # q made contiguous first: F.pad with a pad that is 0 at run time copies q with its own
+    # (transposed) strides, where a compiled graph with a symbolic pad expects a contiguous
+    # result and its views of it fail
+    qb = F.pad(q.contiguous(), (0, 0, 0, pad)).view(batch, heads, n_blocks, block, dim)
     kb = _neighbour_blocks(F.pad(k, (0, 0, 0, pad)), block, before, after)  # [B, H, nb, L, d]
     vb = _neighbour_blocks(F.pad(v, (0, 0, 0, pad)), block, before, after)
     validb = _neighbour_blocks(F.pad(valid, (0, pad))[:, None, :, None], block, before, after)  # [B, 1, nb, L, 1]
