@@ -49,7 +49,7 @@ from . import tasks
 from .attention import ATTENTION_NAMES, block_class
 from .config import compose, split_args, validate
 from .errors import ConfigError
-from .module import COMPILE_MODES, compile_model
+from .compiling import COMPILE_MODES, compile_model
 from .run.cli import run_cli
 from .stacks import Decoder, Encoder
 

@@ -41,7 +41,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from . import tasks
 from .attention import ATTENTION_NAMES, PATTERN_NAMES, block_class, check_attention_config
 from .errors import ConfigError
-from .module import COMPILE_MODES
+from .compiling import COMPILE_MODES
 
 DEFAULT_ATTENTION = "softmax"
 SELECTORS = ("task", "attention")

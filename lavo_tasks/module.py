@@ -1,13 +1,13 @@
 """The LightningModule base every task module extends: optimiser, schedule, run paths."""
 
 import math
-import warnings
 from pathlib import Path
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from .compiling import ShapeWatch, compile_mode, compile_model
 from .data import step_seed
 from .errors import Diverged
 
@@ -51,8 +51,8 @@ class TaskModule(L.LightningModule):
         """Compile the task's model (`self.model`) with torch.compile when the config's
         `trainer.compile` is a mode (COMPILE_MODES); the generation paths
         (`self.model.step`, `generate`, ...) stay eager."""
-        mode = OmegaConf.select(self.cfg, "trainer.compile", default="off")
-        if mode not in (False, "off") and not getattr(self, "_compiled", False):
+        mode = compile_mode(self.cfg)
+        if mode != "off" and not getattr(self, "_compiled", False):
             compile_model(self.model, mode)
             if mode == "reduce-overhead":
                 ShapeWatch(self.model, "trainer.compile=reduce-overhead")
@@ -141,38 +141,6 @@ class TaskModule(L.LightningModule):
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-COMPILE_MODES = ("off", "default", "max-autotune", "reduce-overhead")
-
-
-def compile_model(model: torch.nn.Module, mode: str) -> None:
-    """torch.compile `model`'s forward in place (`mode` one of COMPILE_MODES but "off").
-    The attention ops are custom operators (lavo_tasks.kernels), so the whole forward is
-    one graph; "reduce-overhead" also captures it in CUDA graphs, one per input shape."""
-    if mode not in COMPILE_MODES[1:]:
-        raise ValueError(f"compile mode {mode!r}: allowed {', '.join(COMPILE_MODES)}")
-    model.compile(mode=None if mode == "default" else mode)
-
-
-class ShapeWatch:
-    """Warns once when `model`'s tensor inputs change shape from one call to another:
-    under CUDA graphs (trainer.compile=reduce-overhead) every new shape is compiled and
-    recorded again, so a task whose batches vary in length recompiles at every step."""
-
-    def __init__(self, model: torch.nn.Module, setting: str):
-        self.setting, self.first, self.warned = setting, None, False
-        self.handle = model.register_forward_pre_hook(self._watch)
-
-    def _watch(self, module, args) -> None:
-        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
-        if self.first is None:
-            self.first = shapes
-        elif shapes != self.first and not self.warned and module.training:
-            self.warned = True
-            warnings.warn(f"{self.setting}: the model's input shapes vary between steps ({self.first} then "
-                          f"{shapes}), and every new shape compiles and records CUDA graphs again; pad the "
-                          "batches to one length, or set trainer.compile=default", RuntimeWarning, stacklevel=2)
 
 
 class _NormCheck:
