@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from .compiling import compile_mode
 from .default_data import default_data
 
 
@@ -95,6 +96,22 @@ class ShardSampler(Sampler[int]):
         return self.stop - self.start
 
 
+def pad_batch(seqs: list[torch.Tensor], value, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences [L_i, ...] (same trailing shape and dtype) stacked as [B, L, ...], each
+    padded at its end with `value` to L: `length`, or the longest when None. Also the mask
+    [B, L] (True = real). ValueError when a sequence is longer than `length`."""
+    longest = max(len(s) for s in seqs)
+    if length is None:
+        length = longest
+    elif longest > length:
+        raise ValueError(f"a sequence of {longest} positions does not fit the fixed length {length}")
+    out = seqs[0].new_full((len(seqs), length, *seqs[0].shape[1:]), value)
+    mask = torch.zeros(len(seqs), length, dtype=torch.bool)
+    for row, s in enumerate(seqs):
+        out[row, :len(s)], mask[row, :len(s)] = s, True
+    return out, mask
+
+
 class TaskDataModule(L.LightningDataModule):
     """What every task's data module shares: the step-batch training loader, the
     evaluation loaders and where the data is.
@@ -107,7 +124,12 @@ class TaskDataModule(L.LightningDataModule):
       instead of its start;
     - the test reads each process's share of `datasets["test"]` in order (ShardSampler;
       the task's metrics sum over the processes).
-    Every loader collates with `collate_fn()` (None: torch's default collation).
+    Every loader collates with `collate_fn(fixed)` (None: torch's default collation).
+    `fixed` is true for the training and validation loaders when the model is compiled
+    (`trainer.compile` not off): a task that pads its batches then pads them to fixed
+    lengths (its configured maxima), so that one compiled graph serves every step instead
+    of one per batch length. The test's batches keep the longest of the batch (the test
+    runs once, and generation is not compiled).
 
     `data_path()` is `data.path`, or the task's embedded default: `default_name` (a file
     or folder) written by `write_default(path)` and cached per machine under the key of
@@ -148,26 +170,32 @@ class TaskDataModule(L.LightningDataModule):
 
     # -- loaders ---------------------------------------------------------------------------
 
-    def collate_fn(self) -> Callable | None:
+    def collate_fn(self, fixed: bool = False) -> Callable | None:
+        """The loaders' collate function; `fixed`: pad to fixed lengths (class docstring)."""
         return None
+
+    def fixed_shapes(self) -> bool:
+        """Whether training and validation batches are padded to fixed lengths."""
+        return compile_mode(self.cfg) != "off"
 
     def train_dataloader(self) -> DataLoader:
         dataset = self.datasets["train"]
         start_step = self.trainer.global_step if self.trainer is not None else 0
         sampler = StepBatchSampler(len(dataset), self.cfg.data.batch_size, self.cfg.seed, start_step=start_step)
-        return DataLoader(dataset, batch_sampler=sampler, collate_fn=self.collate_fn(),
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=self.collate_fn(self.fixed_shapes()),
                           num_workers=self.cfg.data.num_workers)
 
     def val_dataloader(self) -> DataLoader:
-        return self.eval_loader(self.datasets["val"], order_seed=self.val_order_seed)
+        return self.eval_loader(self.datasets["val"], order_seed=self.val_order_seed, fixed=self.fixed_shapes())
 
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         return self.eval_loader(self.datasets["test"], shard=True)
 
     def eval_loader(self, dataset: Dataset, batch_size: int | None = None, shard: bool = False,
-                    order_seed: int | None = None) -> DataLoader:
+                    order_seed: int | None = None, fixed: bool = False) -> DataLoader:
         """Batches of `batch_size` (default data.batch_size) in order: this process's share
-        with `shard`, a fixed permutation drawn from `order_seed` when given."""
+        with `shard`, a fixed permutation drawn from `order_seed` when given; `fixed`:
+        padded to fixed lengths."""
         if shard:
             sampler = ShardSampler(len(dataset))
         elif order_seed is not None:
@@ -175,4 +203,4 @@ class TaskDataModule(L.LightningDataModule):
         else:
             sampler = None
         return DataLoader(dataset, batch_size=batch_size or self.cfg.data.batch_size, sampler=sampler, shuffle=False,
-                          collate_fn=self.collate_fn(), num_workers=self.cfg.data.num_workers)
+                          collate_fn=self.collate_fn(fixed), num_workers=self.cfg.data.num_workers)

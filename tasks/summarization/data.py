@@ -25,7 +25,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import Dataset
 
-from lavo_tasks.data import TaskDataModule
+from lavo_tasks.data import TaskDataModule, pad_batch
 from lavo_tasks.errors import DataError
 from lavo_tasks.text.token_cache import MappedStream, cached_token_stream, file_source
 from lavo_tasks.text.tokenizer import build_tokenizer, tokenizer_spec
@@ -73,19 +73,14 @@ class SummaryPairs(Dataset):
         return item
 
 
-def collate(items: list[dict], eos_id: int) -> dict:
-    """Pad to the batch's longest: source [B, S], source_mask [B, S] (True = real),
-    decoder_input / target / target_mask [B, T]; texts as lists when the items have them.
-    The padding and the decoder's start token are the end id (padding is masked)."""
-    def pad(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        out = torch.full((len(seqs), max(len(s) for s in seqs)), eos_id, dtype=torch.long)
-        mask = torch.zeros(out.shape, dtype=torch.bool)
-        for row, s in enumerate(seqs):
-            out[row, :len(s)], mask[row, :len(s)] = s, True
-        return out, mask
-
-    source, source_mask = pad([item["source"] for item in items])
-    target, target_mask = pad([item["target"] for item in items])
+def collate(items: list[dict], eos_id: int, lengths: tuple[int, int] | None = None) -> dict:
+    """Pad to the batch's longest, or to `lengths` (source, target) when given: source
+    [B, S], source_mask [B, S] (True = real), decoder_input / target / target_mask [B, T];
+    texts as lists when the items have them. The padding and the decoder's start token
+    are the end id (padding is masked)."""
+    source_len, target_len = lengths or (None, None)
+    source, source_mask = pad_batch([item["source"] for item in items], eos_id, source_len)
+    target, target_mask = pad_batch([item["target"] for item in items], eos_id, target_len)
     start = torch.full((len(items), 1), eos_id, dtype=torch.long)
     batch = {"source": source, "source_mask": source_mask, "target": target, "target_mask": target_mask,
              "decoder_input": torch.cat([start, target[:, :-1]], dim=1)}
@@ -187,5 +182,7 @@ class SummarizationDataModule(TaskDataModule):
         return SummaryPairs(source, target, self.tokenizer.eos_id, data.max_source_len, data.max_target_len,
                             tokenizer=self.tokenizer if texts else None)
 
-    def collate_fn(self) -> Callable:
-        return functools.partial(collate, eos_id=self.tokenizer.eos_id)
+    def collate_fn(self, fixed: bool = False) -> Callable:
+        """`fixed`: every batch padded to data.max_source_len and data.max_target_len."""
+        lengths = (self.cfg.data.max_source_len, self.cfg.data.max_target_len) if fixed else None
+        return functools.partial(collate, eos_id=self.tokenizer.eos_id, lengths=lengths)

@@ -22,17 +22,17 @@ unless `data.feature_cache` names a folder (with `data.path` set, that folder de
 `<run.dir>/features`).
 """
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
-from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 from tqdm import tqdm
 
-from ...data import TaskDataModule
+from ...data import TaskDataModule, pad_batch
 from ...default_data import cache_root, recipe_key
 from ...errors import ConfigError, DataError
 from ...files import write_atomically
@@ -172,13 +172,14 @@ class TTSDataset(Dataset):
         return {"tokens": self.tokens[i], "mel": self.mels[i], "index": i}
 
 
-def collate(items: list[dict]) -> dict[str, torch.Tensor]:
+def collate(items: list[dict], lengths: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
     """tokens [B, L] padded with PAD, token_lengths [B], mels [B, T, n_mels] padded with
-    0, mel_lengths [B], index [B]."""
+    0, mel_lengths [B], index [B]; L and T the batch's longest, or `lengths` (L, T) when given."""
+    token_len, frame_len = lengths or (None, None)
     return {
-        "tokens": pad_sequence([x["tokens"] for x in items], batch_first=True, padding_value=PAD),
+        "tokens": pad_batch([x["tokens"] for x in items], PAD, token_len)[0],
         "token_lengths": torch.tensor([len(x["tokens"]) for x in items]),
-        "mels": pad_sequence([x["mel"] for x in items], batch_first=True),
+        "mels": pad_batch([x["mel"] for x in items], 0.0, frame_len)[0],
         "mel_lengths": torch.tensor([len(x["mel"]) for x in items]),
         "index": torch.tensor([x["index"] for x in items]),
     }
@@ -232,6 +233,9 @@ class TTSDataModule(TaskDataModule):
                 [encode(symbols[u.id], self.vocabulary) for u in items],
                 [(mels[u.id] - self.mel_mean) / self.mel_std for u in items],
             )
+        # (tokens, frames) of the longest utterances: the fixed lengths of compiled runs' batches
+        self.longest = tuple(max(len(x) for data in self.datasets.values() for x in getattr(data, name))
+                             for name in ("tokens", "mels"))
 
     def spec(self) -> dict:
         """What the model needs, computed from the training split: JSON-serialisable.
@@ -248,5 +252,7 @@ class TTSDataModule(TaskDataModule):
                     "f_min": m.f_min, "f_max": m.f_max},
         }
 
-    def collate_fn(self):
-        return collate
+    def collate_fn(self, fixed: bool = False):
+        """`fixed`: every batch padded to the longest utterance of the splits (tokens and
+        frames; TTS has no configured maximum)."""
+        return functools.partial(collate, lengths=self.longest) if fixed else collate

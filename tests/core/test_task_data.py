@@ -60,7 +60,7 @@ def test_evaluation_reads_every_item_once_in_order_or_in_one_fixed_shuffle():
 
 def test_loaders_collate_with_the_tasks_function():
     class Paired(Numbers):
-        def collate_fn(self):
+        def collate_fn(self, fixed=False):
             return lambda items: {"items": torch.stack(items), "count": len(items)}
 
     dm = Paired(config(batch_size=3))

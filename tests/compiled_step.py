@@ -1,0 +1,59 @@
+"""How often a task's compiled training step compiles, and whether it computes the eager
+step's loss (importable as `compiled_step`, like `tiny`).
+
+The model is compiled with backend="aot_eager": Dynamo's frames and guards and
+AOTAutograd's forward and backward graphs, run eagerly, so the recompiles are those of
+any backend (Inductor on the CPU would add minutes of C++ compiling and nothing here)."""
+
+import copy
+import itertools
+import warnings
+
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from lavo_tasks import tasks
+from lavo_tasks.config import validate
+
+
+def compiled_steps(cfg, steps: int):
+    """Runs the first `steps` training batches of the task's DataModule through its
+    Module's `training_step` + backward twice: with the model compiled, and with an eager
+    copy (the same weights, the same random state per step). `cfg` must turn
+    trainer.compile on (the DataModule then pads to fixed lengths). Returns (frames
+    compiled, [(compiled loss, eager loss) per step], the batches)."""
+    validate(cfg)
+    task = tasks.load_task(cfg.task)
+    datamodule = task.DataModule(cfg)
+    torch.manual_seed(0)
+    compiled = task.Module(cfg, datamodule.spec())
+    eager = copy.deepcopy(compiled)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled.model.compile(backend="aot_eager")
+    batches = list(itertools.islice(datamodule.train_dataloader(), steps))
+    losses = []
+    with warnings.catch_warnings():  # the Module logs train_loss; no Trainer is here to take it
+        warnings.filterwarnings("ignore", message=".*self.log.*")
+        for i, batch in enumerate(batches):
+            pair = []
+            for module in (compiled, eager):
+                torch.manual_seed(i)
+                loss = module.training_step(batch, i)
+                loss.backward()
+                module.zero_grad(set_to_none=True)
+                pair.append(loss.detach())
+            losses.append(tuple(pair))
+    return counters["frames"]["ok"], losses, batches
+
+
+def assert_one_graph_and_eager_losses(cfg, steps: int = 3):
+    """One frame compiled for every step, and each step's loss the eager model's
+    (the recompile reasons print with TORCH_LOGS=recompiles). Returns the batches."""
+    frames, losses, batches = compiled_steps(cfg, steps)
+    assert len(losses) == steps
+    assert frames == 1, f"{frames} frames compiled over {steps} steps"
+    for got, want in losses:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    return batches
