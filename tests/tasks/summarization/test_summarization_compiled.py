@@ -1,6 +1,7 @@
 """A compiled summarizer's training step: batches padded to the configured maxima, one
 graph for every step, the eager step's loss (tests/compiled_step.py)."""
 
+import pytest
 import torch
 
 from compiled_step import assert_one_graph_and_eager_losses
@@ -9,6 +10,7 @@ from lavo_tasks.tasks.summarization.data import collate
 from test_summarization_train import TINY, write_dataset
 
 
+@pytest.mark.slow  # compiles a model
 def test_compiled_steps_of_different_lengths_compile_once(tmp_path):
     data = write_dataset(tmp_path / "data")
     cfg = compose([*TINY, "attention=lavo", "attention.window=4", "attention.rank=4", f"data.path={data}",

@@ -1,6 +1,7 @@
 """A compiled TTS model's training step: batches padded to the longest utterance, one
 graph for every step, the eager step's loss (tests/compiled_step.py)."""
 
+import pytest
 import torch
 
 from compiled_step import assert_one_graph_and_eager_losses
@@ -9,6 +10,7 @@ from lavo_tasks.tasks.tts.data import collate
 from test_tts_train import TINY, dataset  # noqa: F401 (the fixture)
 
 
+@pytest.mark.slow  # compiles a model
 def test_compiled_steps_of_different_lengths_compile_once(dataset, tmp_path):
     cfg = compose(["task=tts", "attention=lavo", "attention.window=8", "attention.rank=4", f"data.path={dataset}",
                    f"run.dir={tmp_path / 'run'}", *TINY, "trainer.compile=default"])

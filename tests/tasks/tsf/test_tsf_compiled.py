@@ -1,0 +1,16 @@
+"""A compiled forecaster's training step: one graph for every step (its windows have one
+length), the eager step's loss (tests/compiled_step.py)."""
+
+import pytest
+
+from compiled_step import assert_one_graph_and_eager_losses
+from lavo_tasks.config import compose
+from test_tsf import TINY, linear_csv
+
+
+@pytest.mark.slow  # compiles a model
+def test_compiled_steps_compile_once(tmp_path):
+    cfg = compose(["task=tsf", *TINY, "attention=lavo", "attention.window=4", "attention.rank=4",
+                   f"data.path={linear_csv(tmp_path / 'lin.csv')}", f"run.dir={tmp_path / 'run'}",
+                   "trainer.compile=default"])
+    assert_one_graph_and_eager_losses(cfg)
