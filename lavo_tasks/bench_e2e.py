@@ -20,8 +20,9 @@ torch.profiler records over PROFILED_STEPS more steps; wall / gpu near 1 means t
 is busy the whole step, far above 1 that the host holds it back), the host syncs of
 one step (operations that wait for the GPU, counted by
 torch.cuda.set_sync_debug_mode("warn")), peak memory of a step (GiB), and the parameter
-count. `compile` compiles the task's model (`lavo_tasks.module.compile_model`, what
-`trainer.compile` does); `--profile` writes the top kernels of each attention's
+count. `compile` compiles the task's model (`lavo_tasks.compiling.compile_model`) and
+sets `trainer.compile` to the same mode, whose tasks pad their batches to fixed lengths,
+as a compiled training run does; `--profile` writes the top kernels of each attention's
 profiled steps to OUT/profile_<task>_<attention>.txt. `commit` names the code measured in every
 row (docs/benchmarks.md keeps one line per commit, so a change's before and after stand
 side by side); by default the short hash of the git checkout the package runs from, or
@@ -251,6 +252,8 @@ def bench(args: list[str], allow_cpu: bool = False) -> list[dict]:
         raise ConfigError(f"compile={options['compile']!r}: allowed {', '.join(COMPILE_MODES)}")
     if not torch.cuda.is_available() and not allow_cpu:
         raise ConfigError("bench_e2e needs a CUDA GPU (timings on a CPU mean nothing)")
+    if options["compile"] != "off":  # the batches a compiled run trains on (lavo_tasks.data: fixed lengths)
+        extra.append(f"trainer.compile={options['compile']}")
     if not any(key == "run.dir" for key, _ in overrides):  # where the default data and caches go, once
         extra.append(f"run.dir={Path(options['out']) / 'runs' / task}")
     configs = {a: bench_config(task, a, extra) for a in attentions}  # every config checked before any work

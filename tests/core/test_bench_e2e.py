@@ -67,3 +67,5 @@ def test_a_compiled_model_compiles_once_over_the_timed_steps(tmp_path, monkeypat
                             *TSF_SMALL], allow_cpu=True)
     assert rows[0]["tokens_per_step"] == 2 * (32 + 16 + 8)
     assert counters["frames"]["ok"] == 1, dict(counters["frames"])
+    # the run's config compiles too, so a task that pads pads to its fixed lengths
+    assert "trainer.compile=default" in json.loads((tmp_path / "bench_e2e_tsf.jsonl").read_text())["overrides"]
