@@ -121,12 +121,31 @@ def test_an_unknown_ckpt_lists_what_is_allowed(tiny_task, tmp_path, capsys):
     ("trainer.precision=bf17", "trainer.precision='bf17': allowed: auto, 64, 32, 16, transformer-engine,"),
     ("trainer.max_time=soon", "trainer.max_time='soon': expected null (no limit) or a duration DD:HH:MM:SS"),
     ("trainer.max_time=1:00", "trainer.max_time=60: expected null (no limit) or a duration DD:HH:MM:SS"),
+    ("trainer.compile=fast", "trainer.compile='fast': allowed off, default, max-autotune, reduce-overhead\n"),
+    ("trainer.compile=true", "trainer.compile='true': allowed off, default, max-autotune, reduce-overhead\n"),
 ])
 def test_trainer_keys_name_themselves(tiny_task, tmp_path, capsys, arg, message):
     run_dir = tmp_path / "run"
     assert train.main(["task=tiny", f"run.dir={run_dir}", arg]) == 2
     assert one_error_line(capsys).startswith(f"error: {message}")
     assert not run_dir.exists()
+
+
+def test_compile_where_it_cannot_run(tiny_task, tmp_path, capsys, monkeypatch):
+    """reduce-overhead's CUDA graphs on the CPU; any compile on a CPU without a C compiler."""
+    run_dir = tmp_path / "run"
+    assert train.main(["task=tiny", f"run.dir={run_dir}", "trainer.accelerator=cpu",
+                       "trainer.compile=reduce-overhead"]) == 2
+    assert one_error_line(capsys) == ("error: trainer.compile=reduce-overhead: captures CUDA graphs and needs a GPU; "
+                                      "on the CPU use default, max-autotune or off\n")
+    monkeypatch.setattr("lavo_tasks.config.shutil.which", lambda name: None)
+    assert train.main(["task=tiny", f"run.dir={run_dir}", "trainer.accelerator=cpu", "trainer.compile=default"]) == 2
+    assert one_error_line(capsys) == ("error: trainer.compile=default: compiling on the CPU needs a C compiler (cc), "
+                                      "none is on PATH; set trainer.compile=off\n")
+    assert not run_dir.exists()
+    from lavo_tasks.config import validate
+
+    validate(compose(["task=tiny", "trainer.accelerator=cpu", "trainer.compile=off"]))  # off needs no compiler
 
 
 def test_evaluate_refuses_a_test_of_no_batch(tiny_task, tmp_path, capsys):
