@@ -31,7 +31,9 @@ class ShapeWatch:
 
     def __init__(self, model: torch.nn.Module, setting: str):
         self.setting, self.first, self.warned = setting, None, False
-        self.handle = model.register_forward_pre_hook(self._watch)
+        # Not traced: a compiled model's hooks run outside its graph, and Dynamo would
+        # otherwise compile this function itself, again whenever `first` or the shapes change.
+        self.handle = model.register_forward_pre_hook(torch.compiler.disable(self._watch))
 
     def _watch(self, module, args) -> None:
         shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))

@@ -80,3 +80,22 @@ def test_varying_input_shapes_warn_once_under_cuda_graphs():
         warnings.simplefilter("error")
         for _ in range(3):
             steady(torch.ones(2, 5, 4))
+
+
+def test_the_shape_watch_of_a_compiled_model_compiles_nothing_of_its_own():
+    """The hook runs outside the model's graph; traced, Dynamo compiled it again whenever
+    the shapes it keeps changed."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from lavo_tasks.compiling import ShapeWatch
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))  # torch.nn's own code: Dynamo compiles no frame of it
+    ShapeWatch(model, "trainer.compile=reduce-overhead")
+    model.compile(backend="aot_eager")
+    with pytest.warns(RuntimeWarning, match="shapes vary"):
+        for length in (3, 3, 5, 5):
+            model(torch.ones(2, length, 4))
+    assert not counters["frames"], dict(counters["frames"])
