@@ -96,15 +96,25 @@ class ShardSampler(Sampler[int]):
         return self.stop - self.start
 
 
-def pad_batch(seqs: list[torch.Tensor], value, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def bucket_length(longest: int, maximum: int) -> int:
+    """The length a batch whose longest sequence has `longest` positions is padded to when
+    the model is compiled: the next power of two, at most `maximum` (the task's configured
+    or its data's longest). So a compiled model sees a few shapes (log2(maximum) + 2 at
+    most), never one per batch, and a batch is at most twice as long as its longest."""
+    return min(maximum, 1 << (longest - 1).bit_length())
+
+
+def pad_batch(seqs: list[torch.Tensor], value, maximum: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequences [L_i, ...] (same trailing shape and dtype) stacked as [B, L, ...], each
-    padded at its end with `value` to L: `length`, or the longest when None. Also the mask
-    [B, L] (True = real). ValueError when a sequence is longer than `length`."""
+    padded at its end with `value` to L: the longest, or with `maximum` its
+    `bucket_length`. Also the mask [B, L] (True = real). ValueError when a sequence is
+    longer than `maximum`."""
     longest = max(len(s) for s in seqs)
-    if length is None:
-        length = longest
-    elif longest > length:
-        raise ValueError(f"a sequence of {longest} positions does not fit the fixed length {length}")
+    length = longest
+    if maximum is not None:
+        if longest > maximum:
+            raise ValueError(f"a sequence of {longest} positions is longer than the maximum {maximum}")
+        length = bucket_length(longest, maximum)
     out = seqs[0].new_full((len(seqs), length, *seqs[0].shape[1:]), value)
     mask = torch.zeros(len(seqs), length, dtype=torch.bool)
     for row, s in enumerate(seqs):
@@ -126,10 +136,10 @@ class TaskDataModule(L.LightningDataModule):
       the task's metrics sum over the processes).
     Every loader collates with `collate_fn(fixed)` (None: torch's default collation).
     `fixed` is true for the training and validation loaders when the model is compiled
-    (`trainer.compile` not off): a task that pads its batches then pads them to fixed
-    lengths (its configured maxima), so that one compiled graph serves every step instead
-    of one per batch length. The test's batches keep the longest of the batch (the test
-    runs once, and generation is not compiled).
+    (`trainer.compile` not off): a task that pads its batches then pads them to a few
+    fixed lengths (`bucket_length`: powers of two up to its maximum), so that a compiled
+    model sees a few shapes instead of one per batch length. The test's batches keep the
+    longest of the batch (the test runs once, and generation is not compiled).
 
     `data_path()` is `data.path`, or the task's embedded default: `default_name` (a file
     or folder) written by `write_default(path)` and cached per machine under the key of
@@ -171,11 +181,11 @@ class TaskDataModule(L.LightningDataModule):
     # -- loaders ---------------------------------------------------------------------------
 
     def collate_fn(self, fixed: bool = False) -> Callable | None:
-        """The loaders' collate function; `fixed`: pad to fixed lengths (class docstring)."""
+        """The loaders' collate function; `fixed`: pad to a few fixed lengths (class docstring)."""
         return None
 
     def fixed_shapes(self) -> bool:
-        """Whether training and validation batches are padded to fixed lengths."""
+        """Whether training and validation batches are padded to a few fixed lengths."""
         return compile_mode(self.cfg) != "off"
 
     def train_dataloader(self) -> DataLoader:
@@ -195,7 +205,7 @@ class TaskDataModule(L.LightningDataModule):
                     order_seed: int | None = None, fixed: bool = False) -> DataLoader:
         """Batches of `batch_size` (default data.batch_size) in order: this process's share
         with `shard`, a fixed permutation drawn from `order_seed` when given; `fixed`:
-        padded to fixed lengths."""
+        padded to a few fixed lengths."""
         if shard:
             sampler = ShardSampler(len(dataset))
         elif order_seed is not None:

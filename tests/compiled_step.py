@@ -48,12 +48,20 @@ def compiled_steps(cfg, steps: int):
     return counters["frames"]["ok"], losses, batches
 
 
-def assert_one_graph_and_eager_losses(cfg, steps: int = 3):
-    """One frame compiled for every step, and each step's loss the eager model's
-    (the recompile reasons print with TORCH_LOGS=recompiles). Returns the batches."""
+def batch_shapes(batch) -> tuple:
+    """The shapes of a batch's tensors (a dict's, in key order, or a sequence's)."""
+    values = batch.values() if isinstance(batch, dict) else batch
+    return tuple(tuple(v.shape) for v in values if isinstance(v, torch.Tensor))
+
+
+def assert_few_graphs_and_eager_losses(cfg, steps: int = 3, most: int = 1):
+    """At most `most` frames compiled over `steps` steps, and no more than the batches
+    have shapes; each step's loss the eager model's (the recompile reasons print with
+    TORCH_LOGS=recompiles). Returns the batches."""
     frames, losses, batches = compiled_steps(cfg, steps)
     assert len(losses) == steps
-    assert frames == 1, f"{frames} frames compiled over {steps} steps"
+    shapes = {batch_shapes(b) for b in batches}
+    assert 1 <= frames <= min(most, len(shapes)), f"{frames} frames compiled over {steps} steps of {len(shapes)} shapes"
     for got, want in losses:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     return batches

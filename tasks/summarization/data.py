@@ -73,14 +73,14 @@ class SummaryPairs(Dataset):
         return item
 
 
-def collate(items: list[dict], eos_id: int, lengths: tuple[int, int] | None = None) -> dict:
-    """Pad to the batch's longest, or to `lengths` (source, target) when given: source
-    [B, S], source_mask [B, S] (True = real), decoder_input / target / target_mask [B, T];
-    texts as lists when the items have them. The padding and the decoder's start token
-    are the end id (padding is masked)."""
-    source_len, target_len = lengths or (None, None)
-    source, source_mask = pad_batch([item["source"] for item in items], eos_id, source_len)
-    target, target_mask = pad_batch([item["target"] for item in items], eos_id, target_len)
+def collate(items: list[dict], eos_id: int, maxima: tuple[int, int] | None = None) -> dict:
+    """Pad to the batch's longest, or with `maxima` (source, target) to its bucket
+    (lavo_tasks.data.bucket_length): source [B, S], source_mask [B, S] (True = real),
+    decoder_input / target / target_mask [B, T]; texts as lists when the items have them.
+    The padding and the decoder's start token are the end id (padding is masked)."""
+    source_max, target_max = maxima or (None, None)
+    source, source_mask = pad_batch([item["source"] for item in items], eos_id, source_max)
+    target, target_mask = pad_batch([item["target"] for item in items], eos_id, target_max)
     start = torch.full((len(items), 1), eos_id, dtype=torch.long)
     batch = {"source": source, "source_mask": source_mask, "target": target, "target_mask": target_mask,
              "decoder_input": torch.cat([start, target[:, :-1]], dim=1)}
@@ -183,6 +183,6 @@ class SummarizationDataModule(TaskDataModule):
                             tokenizer=self.tokenizer if texts else None)
 
     def collate_fn(self, fixed: bool = False) -> Callable:
-        """`fixed`: every batch padded to data.max_source_len and data.max_target_len."""
-        lengths = (self.cfg.data.max_source_len, self.cfg.data.max_target_len) if fixed else None
-        return functools.partial(collate, eos_id=self.tokenizer.eos_id, lengths=lengths)
+        """`fixed`: batches padded to powers of two up to data.max_source_len and max_target_len."""
+        maxima = (self.cfg.data.max_source_len, self.cfg.data.max_target_len) if fixed else None
+        return functools.partial(collate, eos_id=self.tokenizer.eos_id, maxima=maxima)

@@ -172,14 +172,15 @@ class TTSDataset(Dataset):
         return {"tokens": self.tokens[i], "mel": self.mels[i], "index": i}
 
 
-def collate(items: list[dict], lengths: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
+def collate(items: list[dict], maxima: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
     """tokens [B, L] padded with PAD, token_lengths [B], mels [B, T, n_mels] padded with
-    0, mel_lengths [B], index [B]; L and T the batch's longest, or `lengths` (L, T) when given."""
-    token_len, frame_len = lengths or (None, None)
+    0, mel_lengths [B], index [B]; L and T the batch's longest, or with `maxima` (tokens,
+    frames) their buckets (lavo_tasks.data.bucket_length)."""
+    token_max, frame_max = maxima or (None, None)
     return {
-        "tokens": pad_batch([x["tokens"] for x in items], PAD, token_len)[0],
+        "tokens": pad_batch([x["tokens"] for x in items], PAD, token_max)[0],
         "token_lengths": torch.tensor([len(x["tokens"]) for x in items]),
-        "mels": pad_batch([x["mel"] for x in items], 0.0, frame_len)[0],
+        "mels": pad_batch([x["mel"] for x in items], 0.0, frame_max)[0],
         "mel_lengths": torch.tensor([len(x["mel"]) for x in items]),
         "index": torch.tensor([x["index"] for x in items]),
     }
@@ -233,7 +234,7 @@ class TTSDataModule(TaskDataModule):
                 [encode(symbols[u.id], self.vocabulary) for u in items],
                 [(mels[u.id] - self.mel_mean) / self.mel_std for u in items],
             )
-        # (tokens, frames) of the longest utterances: the fixed lengths of compiled runs' batches
+        # (tokens, frames) of the longest utterances: the maxima of compiled runs' batch lengths
         self.longest = tuple(max(len(x) for data in self.datasets.values() for x in getattr(data, name))
                              for name in ("tokens", "mels"))
 
@@ -253,6 +254,6 @@ class TTSDataModule(TaskDataModule):
         }
 
     def collate_fn(self, fixed: bool = False):
-        """`fixed`: every batch padded to the longest utterance of the splits (tokens and
-        frames; TTS has no configured maximum)."""
-        return functools.partial(collate, lengths=self.longest) if fixed else collate
+        """`fixed`: batches padded to powers of two up to the longest utterance of the
+        splits (tokens and frames; TTS has no configured maximum)."""
+        return functools.partial(collate, maxima=self.longest) if fixed else collate

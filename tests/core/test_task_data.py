@@ -3,6 +3,7 @@
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -91,3 +92,13 @@ def test_a_given_data_path_is_read_and_nothing_is_built(tmp_path):
     dm.prepare_data()
     dm.setup()
     assert dm.data_path() == tmp_path / "mine.txt" and len(dm.datasets["train"]) == 3 and Numbers.builds == []
+
+
+def test_bucket_lengths_are_powers_of_two_up_to_the_maximum():
+    from lavo_tasks.data import bucket_length, pad_batch
+
+    assert [bucket_length(n, 12) for n in (1, 2, 3, 4, 5, 8, 9, 12)] == [1, 2, 4, 4, 8, 8, 12, 12]
+    out, mask = pad_batch([torch.tensor([1, 2, 3]), torch.tensor([4])], 0, maximum=12)
+    assert out.tolist() == [[1, 2, 3, 0], [4, 0, 0, 0]] and mask.sum(1).tolist() == [3, 1]
+    with pytest.raises(ValueError, match="a sequence of 3 positions is longer than the maximum 2"):
+        pad_batch([torch.tensor([1, 2, 3])], 0, maximum=2)

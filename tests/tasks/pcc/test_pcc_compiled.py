@@ -3,7 +3,7 @@ are resampled to fixed counts), the eager step's loss (tests/compiled_step.py)."
 
 import pytest
 
-from compiled_step import assert_one_graph_and_eager_losses
+from compiled_step import assert_few_graphs_and_eager_losses
 from lavo_tasks.config import compose
 from pcn_layout import SMALL, write_layout
 from test_pcc_train import TINY
@@ -14,4 +14,4 @@ def test_compiled_steps_compile_once(tmp_path):
     root = write_layout(tmp_path / "pcn", SMALL)
     cfg = compose(["task=pcc", "attention=gsa", "attention.slots=8", f"data.path={root}", f"run.dir={tmp_path / 'run'}",
                    *TINY, "trainer.compile=default"])
-    assert_one_graph_and_eager_losses(cfg)
+    assert_few_graphs_and_eager_losses(cfg)

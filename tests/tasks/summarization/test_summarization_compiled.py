@@ -1,36 +1,40 @@
-"""A compiled summarizer's training step: batches padded to the configured maxima, one
-graph for every step, the eager step's loss (tests/compiled_step.py)."""
+"""A compiled summarizer's training step: batches padded to a few lengths, a graph for
+each at most, the eager step's loss (tests/compiled_step.py)."""
 
 import pytest
 import torch
 
-from compiled_step import assert_one_graph_and_eager_losses
+from compiled_step import assert_few_graphs_and_eager_losses
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.summarization.data import collate
 from test_summarization_train import TINY, write_dataset
 
 
+def power_of_two_at_least(n: int) -> int:
+    return next(2**k for k in range(32) if 2**k >= n)
+
+
 @pytest.mark.slow  # compiles a model
-def test_compiled_steps_of_different_lengths_compile_once(tmp_path):
+def test_compiled_steps_of_different_lengths_compile_a_few_graphs(tmp_path):
     data = write_dataset(tmp_path / "data")
     cfg = compose([*TINY, "attention=lavo", "attention.window=4", "attention.rank=4", f"data.path={data}",
                    f"run.dir={tmp_path / 'run'}", "data.max_source_len=96", "data.max_target_len=24",
                    "trainer.compile=default"])
-    batches = assert_one_graph_and_eager_losses(cfg)
-    assert {tuple(b["source"].shape) for b in batches} == {(4, 96)}
-    assert {tuple(b["target"].shape) for b in batches} == {(4, 24)}
-    longest = [int(b["source_mask"].sum(1).max()) for b in batches]
-    assert len(set(longest)) > 1 and max(longest) < 96, longest  # the batches' own lengths differ
+    batches = assert_few_graphs_and_eager_losses(cfg, steps=4, most=2)
+    for batch in batches:
+        for key, maximum in (("source", 96), ("target", 24)):
+            longest = int(batch[f"{key}_mask"].sum(1).max())
+            assert batch[key].shape[1] == min(maximum, power_of_two_at_least(longest)), (key, longest)
+    assert len({int(b["source_mask"].sum(1).max()) for b in batches}) > 1  # the batches' own lengths differ
 
 
-def test_fixed_lengths_pad_what_the_batch_longest_would():
-    items = [{"source": torch.tensor([5, 6, 7]), "target": torch.tensor([8, 1])},
+def test_bucketed_batches_pad_what_the_batch_longest_would():
+    items = [{"source": torch.tensor([5, 6, 7]), "target": torch.tensor([8, 9, 1])},
              {"source": torch.tensor([9]), "target": torch.tensor([1])}]
-    fixed, own = collate(items, eos_id=1, lengths=(5, 4)), collate(items, eos_id=1)
-    assert fixed["source"].tolist() == [[5, 6, 7, 1, 1], [9, 1, 1, 1, 1]]
-    assert fixed["source_mask"].tolist() == [[True] * 3 + [False] * 2, [True] + [False] * 4]
-    assert fixed["decoder_input"].tolist() == [[1, 8, 1, 1], [1, 1, 1, 1]]
-    assert fixed["target_mask"].tolist() == [[True, True, False, False], [True, False, False, False]]
+    bucketed, own = collate(items, eos_id=1, maxima=(8, 3)), collate(items, eos_id=1)
+    assert bucketed["source"].tolist() == [[5, 6, 7, 1], [9, 1, 1, 1]]  # 3 -> 4, the next power of two
+    assert bucketed["source_mask"].tolist() == [[True] * 3 + [False], [True] + [False] * 3]
+    assert bucketed["decoder_input"].tolist() == [[1, 8, 9], [1, 1, 1]]  # 3 -> 3, the maximum
     for key in ("source", "source_mask", "target", "target_mask", "decoder_input"):
         width = own[key].shape[1]
-        assert torch.equal(fixed[key][:, :width], own[key]), key
+        assert torch.equal(bucketed[key][:, :width], own[key]), key
