@@ -25,22 +25,24 @@ def compile_model(model: torch.nn.Module, mode: str) -> None:
 
 
 class ShapeWatch:
-    """Warns once when `model`'s tensor inputs change shape from one call to another:
-    under CUDA graphs (trainer.compile=reduce-overhead) every new shape is compiled and
-    recorded again, so a task whose batches vary in length recompiles at every step."""
+    """Warns once when `model`'s tensor inputs in training have taken more than
+    `most` different shapes: under CUDA graphs (trainer.compile=reduce-overhead) every new
+    shape is recorded again, so a task whose batches take any length records at almost
+    every step. The tasks that pad pad to a few lengths when compiled (lavo_tasks.data
+    .bucket_length), which stays below the default."""
 
-    def __init__(self, model: torch.nn.Module, setting: str):
-        self.setting, self.first, self.warned = setting, None, False
+    def __init__(self, model: torch.nn.Module, setting: str, most: int = 8):
+        self.setting, self.most, self.shapes, self.warned = setting, most, set(), False
         # Not traced: a compiled model's hooks run outside its graph, and Dynamo would
-        # otherwise compile this function itself, again whenever `first` or the shapes change.
+        # otherwise compile this function itself, again whenever the shapes change.
         self.handle = model.register_forward_pre_hook(torch.compiler.disable(self._watch))
 
     def _watch(self, module, args) -> None:
-        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
-        if self.first is None:
-            self.first = shapes
-        elif shapes != self.first and not self.warned and module.training:
+        if self.warned or not module.training:
+            return
+        self.shapes.add(tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)))
+        if len(self.shapes) > self.most:
             self.warned = True
-            warnings.warn(f"{self.setting}: the model's input shapes vary between steps ({self.first} then "
-                          f"{shapes}), and every new shape compiles and records CUDA graphs again; pad the "
-                          "batches to one length, or set trainer.compile=default", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"{self.setting}: the model's inputs have taken {len(self.shapes)} different shapes in "
+                          "training, and every new shape compiles and records CUDA graphs again; pad the batches "
+                          "to a few lengths, or set trainer.compile=default", RuntimeWarning, stacklevel=2)

@@ -67,19 +67,22 @@ def test_varying_input_shapes_warn_once_under_cuda_graphs():
     from lavo_tasks.module import ShapeWatch
 
     model = torch.nn.Linear(4, 4)
-    ShapeWatch(model, "trainer.compile=reduce-overhead")
-    with pytest.warns(RuntimeWarning, match=r"^trainer.compile=reduce-overhead: the model's input shapes vary") as seen:
-        for length in (5, 5, 7, 9):
+    ShapeWatch(model, "trainer.compile=reduce-overhead", most=2)
+    with pytest.warns(RuntimeWarning, match=r"^trainer.compile=reduce-overhead: the model's inputs have taken 3 "
+                                            r"different shapes in training") as seen:
+        for length in (5, 5, 7, 5, 7, 9, 11):
             model(torch.ones(2, length, 4))
-    assert len([w for w in seen if "shapes vary" in str(w.message)]) == 1
-    steady = torch.nn.Linear(4, 4)
-    ShapeWatch(steady, "trainer.compile=reduce-overhead")
+    assert len([w for w in seen if "different shapes" in str(w.message)]) == 1
+    few = torch.nn.Linear(4, 4)
+    ShapeWatch(few, "trainer.compile=reduce-overhead", most=2)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for _ in range(3):
-            steady(torch.ones(2, 5, 4))
+        for length in (5, 7, 5, 7):  # two shapes, as bucketed batches have
+            few(torch.ones(2, length, 4))
+        few.eval()
+        few(torch.ones(2, 9, 4))  # evaluation's shapes are not counted
 
 
 def test_the_shape_watch_of_a_compiled_model_compiles_nothing_of_its_own():
@@ -93,9 +96,9 @@ def test_the_shape_watch_of_a_compiled_model_compiles_nothing_of_its_own():
     torch._dynamo.reset()
     counters.clear()
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))  # torch.nn's own code: Dynamo compiles no frame of it
-    ShapeWatch(model, "trainer.compile=reduce-overhead")
+    ShapeWatch(model, "trainer.compile=reduce-overhead", most=2)
     model.compile(backend="aot_eager")
-    with pytest.warns(RuntimeWarning, match="shapes vary"):
-        for length in (3, 3, 5, 5):
+    with pytest.warns(RuntimeWarning, match="different shapes"):
+        for length in (3, 3, 5, 5, 7):
             model(torch.ones(2, length, 4))
     assert not counters["frames"], dict(counters["frames"])
