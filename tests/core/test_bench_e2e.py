@@ -1,8 +1,11 @@
 """The end-to-end benchmark's harness on the CPU (its timings mean something only on a GPU)."""
 
+import inspect
 import json
+import warnings
 
 import pytest
+import torch
 
 from lavo_tasks import bench_e2e
 from lavo_tasks.attention import ATTENTION_NAMES
@@ -50,3 +53,18 @@ def test_the_preset_is_cab_and_the_kernel_sizes_apply():
 def test_bad_arguments_are_one_line(args, message):
     with pytest.raises(ConfigError, match=message):
         bench_e2e.bench(args, allow_cpu=True)
+
+
+def test_host_syncs_name_the_line_of_each_sync(monkeypatch):
+    """host_syncs keeps the sync warnings of one step (set_sync_debug_mode("warn") raises
+    them at the Python line that called the op) as file:line, and nothing else."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # no GPU here: the device calls are no-ops
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    lines = []
+
+    def step():
+        warnings.warn("called a synchronizing CUDA operation")
+        lines.append(inspect.currentframe().f_lineno - 1)
+        warnings.warn("an unrelated warning")
+
+    assert bench_e2e.host_syncs(step) == [f"{__file__}:{lines[0]}"]
