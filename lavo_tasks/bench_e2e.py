@@ -22,7 +22,8 @@ one step (operations that wait for the GPU, counted by
 torch.cuda.set_sync_debug_mode("warn")), peak memory of a step (GiB), and the parameter
 count. `compile` compiles the task's model (`lavo_tasks.module.compile_model`, what
 `trainer.compile` does); `--profile` writes the top kernels of each attention's
-profiled steps, and the source line of each host sync, to OUT/profile_<task>_<attention>.txt. `commit` names the code measured in every
+profiled steps, and the source line of each host sync, to
+OUT/profile_<task>_<attention>.txt. `commit` names the code measured in every
 row (docs/benchmarks.md keeps one line per commit, so a change's before and after stand
 side by side); by default the short hash of the git checkout the package runs from, or
 "unknown" for an installed copy. A site whose pattern the attention cannot run
