@@ -141,6 +141,7 @@ def measure(prepare, run, tokens: int, cuda_graph: bool) -> dict:
     state = prepare()
     torch.cuda.synchronize()
     prepare_peak = torch.cuda.max_memory_allocated() - weights
+
     def short():
         run(state, SHORT, cuda_graph)
 

@@ -21,9 +21,10 @@ is busy the whole step, far above 1 that the host holds it back), the host syncs
 one step (operations that wait for the GPU, counted by
 torch.cuda.set_sync_debug_mode("warn")), peak memory of a step (GiB), and the parameter
 count. `compile` compiles the task's model (`lavo_tasks.compiling.compile_model`) and
-sets `trainer.compile` to the same mode, whose tasks pad their batches to fixed lengths,
-as a compiled training run does; `--profile` writes the top kernels of each attention's
-profiled steps to OUT/profile_<task>_<attention>.txt. `commit` names the code measured in every
+sets `trainer.compile` to the same mode, whose tasks pad their batches to a few fixed
+lengths, as a compiled training run does; `--profile` writes the top kernels of each
+attention's profiled steps, and the source line of each host sync, to
+OUT/profile_<task>_<attention>.txt. `commit` names the code measured in every
 row (docs/benchmarks.md keeps one line per commit, so a change's before and after stand
 side by side); by default the short hash of the git checkout the package runs from, or
 "unknown" for an installed copy. A site whose pattern the attention cannot run
@@ -142,17 +143,24 @@ def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str
         seconds = time.perf_counter() - start
         samples = extract_batch_size(batch)
         row = {"batch": samples, "samples_per_s": steps * samples / seconds,
-               "tokens_per_s": steps * tokens_per_step / seconds, "tokens_per_step": tokens_per_step, "step_ms": seconds / steps * 1e3, "loss": loss,
+               "tokens_per_s": steps * tokens_per_step / seconds, "tokens_per_step": tokens_per_step,
+               "step_ms": seconds / steps * 1e3, "loss": loss,
                "params": sum(p.numel() for p in module.parameters())}
         if on_gpu:
             row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            row["syncs_per_step"] = host_syncs(step)
+            syncs = host_syncs(step)
+            row["syncs_per_step"] = len(syncs)
             row["gpu_ms"] = gpu_ms_per_step(step, profile_path)
+            if profile_path is not None:
+                with profile_path.open("a") as out:
+                    out.write("host syncs of one step (the Python line that called the op):\n"
+                              + "".join(f"  {place}\n" for place in syncs))
     return row
 
 
-def host_syncs(step) -> int:
-    """The operations of one call of `step` that synchronise the host with the GPU."""
+def host_syncs(step) -> list[str]:
+    """The operations of one call of `step` that synchronise the host with the GPU, as
+    "file:line" of the Python line that called each (the warning's place)."""
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -161,7 +169,7 @@ def host_syncs(step) -> int:
             step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
 
 
 def gpu_ms_per_step(step, profile_path: Path | None) -> float:

@@ -155,10 +155,16 @@ def pattern_shape(r: dict) -> str:
     return f"{r['pattern']}, {kernel_shape(r)}"
 
 
+WALL_TOKENS = 256  # bench_decode's default: the fewest tokens whose captured wall time is kept
+
+
 def draw_decode(cells, source):
     """draw for keys (task, attention, context, beam, mode): one line per bench_decode row.
     A row of the first protocol (the context read inside each run) has no state and one
-    peak, the encoder or prefill included: shown in the decode peak column, marked *."""
+    peak, the encoder or prefill included: shown in the decode peak column, marked *.
+    A captured row timed over fewer than WALL_TOKENS tokens has its wall time marked †
+    and no wall / GPU: the capture's host time, which varies by tens of ms from call to
+    call, does not cancel between its long and short runs."""
     lines = ["| task | attention | context | beam | mode | wall ms / token | GPU ms / token | wall / GPU "
              "| kernels / token | state GiB | decode peak GiB | prepare peak GiB |", "|---" * 12 + "|"]
     rank = {name: i for i, name in enumerate(ATTENTIONS)}  # other attentions after these
@@ -167,8 +173,11 @@ def draw_decode(cells, source):
         state = f"{r['state_gib']:.3f}" if "state_gib" in r else "-"
         peak = f"{r['peak_gib']:.3f}" + ("" if "state_gib" in r else " *")
         prepare = f"{r['prepare_peak_gib']:.3f}" if "prepare_peak_gib" in r else "-"
+        short = r["mode"] == "graph" and r["tokens"] < WALL_TOKENS
+        wall = f"{r['wall_ms']:.2f}" + (" †" if short else "")
+        ratio = "-" if short else f"{r['wall_ms'] / r['gpu_ms']:.2f}"
         lines.append(f"| {r['task']} | {r['attention']}{source(key)} | {fmt_len(r['context'])} | {r['beam']} "
-                     f"| {r['mode']} | {r['wall_ms']:.2f} | {r['gpu_ms']:.2f} | {r['wall_ms'] / r['gpu_ms']:.2f} "
+                     f"| {r['mode']} | {wall} | {r['gpu_ms']:.2f} | {ratio} "
                      f"| {r['kernels']:.0f} | {state} | {peak} | {prepare} |")
     return lines
 

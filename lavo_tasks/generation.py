@@ -97,6 +97,27 @@ def check_batch(state, rows: int, argument: str) -> None:
                              f"(a tensor of shape {tuple(leaf.shape)}); make the state for {rows} rows")
 
 
+def check_room(state, prefix: Tensor, max_len: int) -> None:
+    """ValueError naming `prefix` and `max_len` unless every static cache in `state` (a
+    part written in place, with IN_PLACE = True) has room for the prefix and max_len
+    tokens after it: checked before the prefix is stepped, which would write past it."""
+
+    def visit(part):
+        if getattr(part, "IN_PLACE", False) and hasattr(part, "with_room"):
+            try:
+                part.with_room(prefix.shape[1] + max_len)
+            except ValueError as error:
+                raise ValueError(f"prefix of {prefix.shape[1]} and max_len={max_len}: {error}") from None
+        elif isinstance(part, (tuple, list)):
+            for p in part:
+                visit(p)
+        elif isinstance(part, dict):
+            for p in part.values():
+                visit(p)
+
+    visit(state)
+
+
 def static_state(state, *, room: int, device):
     """`state` for a loop of fixed-shape steps: a part with a `with_room(room)` method (a
     growing cache) is replaced by its fixed-size form for `room` more positions, and every
@@ -340,6 +361,7 @@ def generate(step: Callable, state, prefix: Tensor, *, max_len: int, min_len: in
                            pad_id=pad_id, length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
                            max_positions=max_positions, cuda_graph=captured)
     check_batch(state, prefix.shape[0], "prefix")
+    check_room(state, prefix, max_len)
     if captured and temperature > 0 and generator is not None and generator.device.type != "cuda":
         _notice(f"cuda_graph: sampling with a generator on {generator.device.type} cannot be captured; "
                 "decoding eagerly")
@@ -537,6 +559,7 @@ def beam_search(step: Callable, state, prefix: Tensor, *, beam: int, max_len: in
                      max_positions=max_positions)
     captured = use_cuda_graph(cuda_graph, prefix.device)
     check_batch(state, prefix.shape[0], "prefix")
+    check_room(state, prefix, max_len)
     logits, state = step(prefix, state)
     expand = torch.arange(prefix.shape[0], device=prefix.device).repeat_interleave(beam)  # B -> B * beam rows
     rules = _Rules(min_len, eos_id, no_repeat_ngram)

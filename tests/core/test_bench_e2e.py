@@ -1,8 +1,12 @@
 """The end-to-end benchmark's harness on the CPU (its timings mean something only on a GPU)."""
 
+import inspect
 import json
+import warnings
 
 import pytest
+import torch
+import torch._dynamo
 
 from lavo_tasks import bench_e2e
 from lavo_tasks.attention import ATTENTION_NAMES
@@ -57,7 +61,6 @@ def test_a_compiled_model_compiles_once_over_the_timed_steps(tmp_path, monkeypat
     every step (it guarded on the running count); the count now comes from one eager
     forward, and the steps of the one batch reuse one graph (aot_eager: Dynamo's frames
     without Inductor's CPU compile)."""
-    import torch._dynamo
     from torch._dynamo.utils import counters
 
     monkeypatch.setattr(bench_e2e, "compile_model", lambda model, mode: model.compile(backend="aot_eager"))
@@ -69,3 +72,18 @@ def test_a_compiled_model_compiles_once_over_the_timed_steps(tmp_path, monkeypat
     assert counters["frames"]["ok"] == 1, dict(counters["frames"])
     # the run's config compiles too, so a task that pads pads to its fixed lengths
     assert "trainer.compile=default" in json.loads((tmp_path / "bench_e2e_tsf.jsonl").read_text())["overrides"]
+
+
+def test_host_syncs_name_the_line_of_each_sync(monkeypatch):
+    """host_syncs keeps the sync warnings of one step (set_sync_debug_mode("warn") raises
+    them at the Python line that called the op) as file:line, and nothing else."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # no GPU here: the device calls are no-ops
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    lines = []
+
+    def step():
+        warnings.warn("called a synchronizing CUDA operation")
+        lines.append(inspect.currentframe().f_lineno - 1)
+        warnings.warn("an unrelated warning")
+
+    assert bench_e2e.host_syncs(step) == [f"{__file__}:{lines[0]}"]

@@ -125,18 +125,24 @@ def test_a_missing_folder_or_page_is_one_line(tmp_path, capsys):
 
 def test_decode_rows_of_both_protocols(tmp_path):
     """bench_decode rows: one line each; a row without a state (the first protocol, whose
-    one peak includes the encoder) shows '-' and marks its peak with *."""
+    one peak includes the encoder) shows '-' and marks its peak with *; a captured row
+    timed over fewer than 256 tokens marks its wall time with a dagger and gives no
+    wall / GPU (an eager one over as few keeps both)."""
     bench = tmp_path / "bench"
     bench.mkdir()
     row = {"date": "d", "device": "GPU-A", "torch": "9.9", "task": "summarization", "context": 4096, "beam": 4,
-           "mode": "graph", "wall_ms": 3.0, "gpu_ms": 1.5, "kernels": 700.0, "peak_gib": 0.5}
+           "mode": "graph", "tokens": 256, "wall_ms": 3.0, "gpu_ms": 1.5, "kernels": 700.0, "peak_gib": 0.5}
     write(bench, "2026-01-01-gpu.jsonl", [row | {"attention": "lavo"}])
     write(bench, "2026-01-02-gpu.jsonl", [row | {"attention": "softmax", "wall_ms": 1.25, "gpu_ms": 1.0,
                                                  "state_gib": 0.125, "prepare_peak_gib": 2.0}])
+    write(bench, "2026-01-03-gpu.jsonl", [row | {"attention": "gsa", "tokens": 32, "wall_ms": 0.5},
+                                          row | {"attention": "gsa", "tokens": 32, "mode": "eager", "wall_ms": 6.0}])
     page = tmp_path / "benchmarks.md"
     page.write_text("<!-- table: e2e-decode -->\n<!-- end table -->\n")
     assert bench_report.main([str(bench)]) == 0
     lines = page.read_text().splitlines()
-    assert lines[3] == ("| summarization | softmax<sup>2</sup> | 4K | 4 | graph | 1.25 | 1.00 | 1.25 | 700 | 0.125 | 0.500 "
+    assert lines[3] == ("| summarization | softmax<sup>3</sup> | 4K | 4 | graph | 1.25 | 1.00 | 1.25 | 700 | 0.125 | 0.500 "
                         "| 2.000 |")
-    assert lines[4] == "| summarization | lavo | 4K | 4 | graph | 3.00 | 1.50 | 2.00 | 700 | - | 0.500 * | - |"
+    assert lines[4] == "| summarization | lavo<sup>2</sup> | 4K | 4 | graph | 3.00 | 1.50 | 2.00 | 700 | - | 0.500 * | - |"
+    assert lines[5] == "| summarization | gsa | 4K | 4 | eager | 6.00 | 1.50 | 4.00 | 700 | - | 0.500 * | - |"
+    assert lines[6] == "| summarization | gsa | 4K | 4 | graph | 0.50 † | 1.50 | - | 700 | - | 0.500 * | - |"

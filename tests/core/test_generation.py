@@ -380,13 +380,20 @@ def test_a_step_that_changes_the_batch_mid_generation():
 
 def test_max_len_above_the_room_of_a_static_cache():
     """A softmax state already in a static KV cache with room for 3 more positions: a
-    generation that needs more names max_len (the prefix token takes one of the 3)."""
+    generation that needs more (its prefix and max_len tokens) names both, before the
+    prefix is stepped (a prefix longer than the room would write past the buffers),
+    greedy and beam alike."""
     model = ToyModel("softmax")
     with torch.no_grad():
         _, state = model.step(PREFIX, model.init_state([0, 1, 2]))
     static = static_state(state, room=3, device=PREFIX.device)
-    with pytest.raises(ValueError, match=r"max_len=5: the static KV cache has room for 2 more positions \(3 of 5"):
-        generate(model.step, static, PREFIX[:, -1:], max_len=5)
+    for options in (dict(), dict(beam=2)):
+        with pytest.raises(ValueError, match=r"prefix of 1 and max_len=5: the static KV cache has room for 3 more "
+                                             r"positions \(2 of 5 filled\), 6 asked"):
+            generate(model.step, static, PREFIX[:, -1:], max_len=5, **options)
+        long_prefix = PREFIX[:, -1:].repeat(1, 4)
+        with pytest.raises(ValueError, match=r"prefix of 4 and max_len=1: .* room for 3 more positions"):
+            generate(model.step, static, long_prefix, max_len=1, **options)
     assert generate(model.step, static, PREFIX[:, -1:], max_len=2).tokens.shape[0] == 3  # what fits decodes
 
 
