@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import PlaceHolderLayoutEngine
 from omegaconf import DictConfig
 
 from .files import write_atomically
@@ -79,6 +80,13 @@ def plot_loss_curve(rows: list[dict], path: Path, title: str) -> None:
 
 
 def save_figure(fig: Figure, path: Path, dpi: int = 100) -> None:
-    """Write `fig` as a PNG at `path`, atomically (its folder is made if missing)."""
+    """Write `fig` as a PNG at `path`, atomically (its folder is made if missing).
+
+    `fig.tight_layout()` leaves a placeholder layout engine on the figure, and savefig
+    draws a figure that has any engine once without rendering before the real draw; the
+    layout is already fixed, so that draw is dropped (the PNG is the same, byte for byte,
+    without it)."""
+    if isinstance(fig.get_layout_engine(), PlaceHolderLayoutEngine):
+        fig.set_layout_engine(None)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=dpi))

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from ...backbone import encoder_decoder_args
 from ...module import TaskModule
-from ...plots import attention_label, format_metrics, set_suptitle
+from ...plots import attention_label, format_metrics, save_figure, set_suptitle
 from .pcn import write_pcd
 from .geometry import chamfer_l1_loss
 from .metrics import METRICS, CompletionScores, completion_metrics
@@ -123,4 +123,4 @@ class CompletionModule(TaskModule):
                     title += "\n" + format_metrics(figures, [f"{prefix}cd_l1_{item['category']}"])
                 ax.set_title(title, fontsize=8)
         fig.tight_layout()
-        fig.savefig(self.artifacts_dir / "completions.png", dpi=100)
+        save_figure(fig, self.artifacts_dir / "completions.png")

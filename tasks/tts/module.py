@@ -38,7 +38,7 @@ from ...backbone import encoder_decoder_args
 from ...generation import generate_frames
 from ...metrics import Mean, SumRatio
 from ...module import TaskModule
-from ...plots import attention_label, format_metrics, set_suptitle
+from ...plots import attention_label, format_metrics, save_figure, set_suptitle
 from .alignment import guided_attention_loss, recorded_cross_weights
 from .audio import GriffinLim, MelConfig, write_wav
 from .metrics import CorpusDistortion
@@ -208,7 +208,7 @@ class TTSModule(TaskModule):
         for ax in axes[-1]:
             ax.set_xlabel("frame")
         fig.tight_layout()
-        fig.savefig(self.artifacts_dir / "mels.png", dpi=90)
+        save_figure(fig, self.artifacts_dir / "mels.png", dpi=90)
 
     def plot_stop(self, title: str) -> None:
         fig = Figure(figsize=(7, 3.8))
@@ -221,7 +221,7 @@ class TTSModule(TaskModule):
         ax.set_ylabel("stop probability")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(self.artifacts_dir / "stop.png", dpi=90)
+        save_figure(fig, self.artifacts_dir / "stop.png", dpi=90)
 
     @torch.no_grad()
     def plot_cross_attention(self, title: str) -> None:
@@ -243,4 +243,4 @@ class TTSModule(TaskModule):
             ax.set_xlabel("decoder step")
             ax.set_ylabel("text position")
         fig.tight_layout()
-        fig.savefig(self.artifacts_dir / "cross_attention.png", dpi=90)
+        save_figure(fig, self.artifacts_dir / "cross_attention.png", dpi=90)

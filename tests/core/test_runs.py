@@ -495,3 +495,32 @@ def test_readable_ylim_keeps_a_small_change_small():
     readable_ylim(ax, [2.0, 20.0])
     low, high = ax.get_ylim()
     assert low < 2.0 and high > 20.0 and (20 - 2) / (high - low) > 0.8
+
+
+def test_a_saved_figure_is_what_savefig_writes(tmp_path):
+    """save_figure drops the placeholder layout engine tight_layout leaves (and with it
+    savefig's extra draw): the PNG must be what savefig writes with the engine in place,
+    for flat date axes and for 3D axes (whose draw sets their projection)."""
+    import datetime
+
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from lavo_tasks.plots import save_figure
+
+    def figure():
+        fig = Figure(figsize=(6, 3))
+        flat = fig.add_subplot(1, 2, 1)
+        days = [datetime.datetime(2020, 1, 1) + datetime.timedelta(hours=h) for h in range(48)]
+        flat.plot(days, np.sin(np.arange(48) / 5))
+        flat.set_title("a title", fontsize=8)
+        cloud = fig.add_subplot(1, 2, 2, projection="3d")
+        points = np.random.default_rng(0).normal(size=(100, 3))
+        cloud.scatter(*points.T, s=1.5, c=points[:, 2])
+        fig.tight_layout()
+        return fig
+
+    reference = figure()
+    reference.savefig(tmp_path / "reference.png", format="png", dpi=80)
+    save_figure(figure(), tmp_path / "saved.png", dpi=80)
+    assert (tmp_path / "saved.png").read_bytes() == (tmp_path / "reference.png").read_bytes()

@@ -4,21 +4,21 @@ mels, no training)."""
 from types import SimpleNamespace
 
 import torch
-from matplotlib.figure import Figure
 
+import lavo_tasks.tasks.tts.module as tts_module
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.tts.module import TTSModule
 
 
 def test_pictures_are_titled_with_the_attention_and_the_test_figures(tmp_path, monkeypatch):
     suptitles = {}
-    real_savefig = Figure.savefig
+    real_save = tts_module.save_figure
 
     def record(fig, path, *args, **kwargs):
         suptitles[path.name] = (fig._suptitle.get_text(), fig.get_figwidth())
-        return real_savefig(fig, path, *args, **kwargs)
+        return real_save(fig, path, *args, **kwargs)
 
-    monkeypatch.setattr(Figure, "savefig", record)
+    monkeypatch.setattr(tts_module, "save_figure", record)
     cfg = compose(["task=tts", "attention=lavo", "model.cross_attention=softmax"])
     examples = [{"index": 3, "reference": torch.rand(20, 80), "synthesised": torch.rand(30, 80),
                  "stop_probs": torch.rand(8)}]
