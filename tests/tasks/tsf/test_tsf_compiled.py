@@ -1,5 +1,11 @@
 """A compiled forecaster's training step: one graph for every step (its windows have one
-length), the eager step's loss (tests/compiled_step.py)."""
+length), the eager step's loss (tests/compiled_step.py).
+
+tsf stands for the tasks whose batches have one shape without padding (lm's windows,
+mqar's sequences, pcc's resampled clouds): what could still recompile them is Python state
+the forward reads (a hook, a counter), which this catches; their blocks' compiled outputs
+are checked against eager for every attention and pattern in tests/attention/test_compile.py.
+summarization and tts, which pad, have their own tests."""
 
 import pytest
 
