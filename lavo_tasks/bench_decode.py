@@ -13,10 +13,12 @@ prompt; summarization, the source; tts, the text. `beams` applies to summarizati
 The context is read once (lm: the prompt but its last token prefilled; summarization
 and tts: the source or text encoded) into a decode state; each run is `generate`
 (`generate_frames` for tts) from that state, and the per-token figures are differences
-between a run of `tokens` + 8 tokens and one of 8 (each the fastest of 3, after one
-untimed call of both), so the capture and the first token cancel: ms/token wall
-(perf_counter between synchronisations), GPU ms/token (the kernels' time in
-torch.profiler) and kernels/token. Memory, above what was allocated before the context
+between a long run and one of 8 tokens, so the capture and the first token cancel:
+ms/token wall (perf_counter between synchronisations, runs of `tokens` + 8 tokens, each
+the fastest of 3 after one untimed call: the capture's host time varies by tens of ms
+from call to call, so `tokens` must be long enough to drown it), GPU ms/token and
+kernels/token (torch.profiler over runs of 32 + 8 tokens: kernel times barely vary, and
+profiling a long run costs more than the run). Memory, above what was allocated before the context
 was read (the weights): `state` (the decode state's tensors: KV caches, prepared
 sources, constant-size states), `decode peak` (the CUDA allocator's peak during the
 long run, the state included) and `prepare peak` (the peak while reading the context:

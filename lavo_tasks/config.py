@@ -41,7 +41,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from . import tasks
 from .attention import ATTENTION_NAMES, PATTERN_NAMES, block_class, check_attention_config
 from .errors import ConfigError
-from .compiling import COMPILE_MODES
+from .compiling import COMPILE_MODES, compile_mode
 
 DEFAULT_ATTENTION = "softmax"
 SELECTORS = ("task", "attention")
@@ -421,6 +421,7 @@ def _check_basics(cfg: DictConfig) -> None:
     if cfg.run.resume not in ("", "last") and not Path(cfg.run.resume).is_file():
         raise ConfigError(f"run.resume={cfg.run.resume!r}: expected last or the path of a checkpoint file")
     _check_trainer(cfg.trainer)
+    _check_compile(cfg)
 
 
 def _precisions() -> list[str]:
@@ -438,7 +439,6 @@ def _check_trainer(trainer: DictConfig) -> None:
         if not (whole and value >= 1 or isinstance(value, float) and 0 < value <= 1):
             raise ConfigError(f"trainer.{name}={value!r}: must be an integer >= 1 ({meaning}) "
                               "or a fraction in (0, 1] of the split")
-    _check_compile(trainer)
     precisions = _precisions()
     if str(trainer.precision) not in precisions:
         raise ConfigError(f"trainer.precision={trainer.precision!r}: allowed: {', '.join(precisions)}")
@@ -448,12 +448,10 @@ def _check_trainer(trainer: DictConfig) -> None:
                           "e.g. 00:02:30:00 for two and a half hours")
 
 
-def _check_compile(trainer: DictConfig) -> None:
+def _check_compile(cfg: DictConfig) -> None:
     """trainer.compile: a mode of COMPILE_MODES, and one this machine can run (Inductor needs
     a C compiler on the CPU; reduce-overhead's CUDA graphs need a GPU)."""
-    mode = trainer.compile
-    if mode is False:  # YAML reads an unquoted off as false
-        mode = "off"
+    mode, trainer = compile_mode(cfg), cfg.trainer
     if mode not in COMPILE_MODES:
         raise ConfigError(f"trainer.compile={mode!r}: allowed {', '.join(COMPILE_MODES)}")
     on_gpu = trainer.accelerator != "cpu" and torch.cuda.is_available()

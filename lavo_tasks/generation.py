@@ -97,25 +97,19 @@ def check_batch(state, rows: int, argument: str) -> None:
                              f"(a tensor of shape {tuple(leaf.shape)}); make the state for {rows} rows")
 
 
-def check_room(state, prefix: Tensor, max_len: int) -> None:
-    """ValueError naming `prefix` and `max_len` unless every static cache in `state` (a
-    part written in place, with IN_PLACE = True) has room for the prefix and max_len
-    tokens after it: checked before the prefix is stepped, which would write past it."""
-
-    def visit(part):
-        if getattr(part, "IN_PLACE", False) and hasattr(part, "with_room"):
-            try:
-                part.with_room(prefix.shape[1] + max_len)
-            except ValueError as error:
-                raise ValueError(f"prefix of {prefix.shape[1]} and max_len={max_len}: {error}") from None
-        elif isinstance(part, (tuple, list)):
-            for p in part:
-                visit(p)
-        elif isinstance(part, dict):
-            for p in part.values():
-                visit(p)
-
-    visit(state)
+def check_room(state, positions: int, what: str) -> None:
+    """ValueError starting with `what` (the arguments that ask for the room) unless every
+    static cache in `state` (a part written in place, with IN_PLACE = True) has room for
+    `positions` more positions. Checked before the first step, which would otherwise write
+    past the buffers; growing caches get their room later (static_state)."""
+    if getattr(state, "IN_PLACE", False) and hasattr(state, "with_room"):
+        try:
+            state.with_room(positions)
+        except ValueError as error:
+            raise ValueError(f"{what}: {error}") from None
+    elif isinstance(state, (tuple, list, dict)):
+        for part in state.values() if isinstance(state, dict) else state:
+            check_room(part, positions, what)
 
 
 def static_state(state, *, room: int, device):
@@ -138,15 +132,6 @@ def static_state(state, *, room: int, device):
         return part
 
     return convert(state)
-
-
-def _with_room(state, room: int, argument: str, device):
-    """`static_state(state, room=room)`, a cache without that much room an error naming
-    `argument` (the generation's length): a part's with_room raises ValueError for that."""
-    try:
-        return static_state(state, room=room, device=device)
-    except ValueError as error:
-        raise ValueError(f"{argument}={room}: {error}") from None
 
 
 def own_buffers(static, step: Callable, parents: Tensor | None = None) -> tuple[object, list[bool], bool]:
@@ -361,7 +346,7 @@ def generate(step: Callable, state, prefix: Tensor, *, max_len: int, min_len: in
                            pad_id=pad_id, length_penalty=length_penalty, no_repeat_ngram=no_repeat_ngram,
                            max_positions=max_positions, cuda_graph=captured)
     check_batch(state, prefix.shape[0], "prefix")
-    check_room(state, prefix, max_len)
+    check_room(state, prefix.shape[1] + max_len, f"prefix of {prefix.shape[1]} and max_len={max_len}")
     if captured and temperature > 0 and generator is not None and generator.device.type != "cuda":
         _notice(f"cuda_graph: sampling with a generator on {generator.device.type} cannot be captured; "
                 "decoding eagerly")
@@ -462,7 +447,7 @@ class _TokenSearch:
         self.history[:, : self.start] = prefix
         self.count = torch.zeros((), dtype=torch.long, device=device)
         self.token = torch.zeros(rows, 1, dtype=torch.long, device=device)
-        state = _with_room(state, max_len, "max_len", device)
+        state = static_state(state, room=max_len, device=device)
         # the probe step runs on the state itself (no parents: a reorder would copy it all)
         self.state, self.changing, self.fixed_shape = own_buffers(state, lambda s: self.step(self.token, s)[1])
         self.in_place = False
@@ -559,7 +544,7 @@ def beam_search(step: Callable, state, prefix: Tensor, *, beam: int, max_len: in
                      max_positions=max_positions)
     captured = use_cuda_graph(cuda_graph, prefix.device)
     check_batch(state, prefix.shape[0], "prefix")
-    check_room(state, prefix, max_len)
+    check_room(state, prefix.shape[1] + max_len, f"prefix of {prefix.shape[1]} and max_len={max_len}")
     logits, state = step(prefix, state)
     expand = torch.arange(prefix.shape[0], device=prefix.device).repeat_interleave(beam)  # B -> B * beam rows
     rules = _Rules(min_len, eos_id, no_repeat_ngram)
@@ -675,6 +660,7 @@ def generate_frames(step: Callable, state, start: Tensor, *, max_steps: int, sto
         raise ValueError(f"stop_threshold={stop_threshold!r}: must be in (0, 1]")
     captured = use_cuda_graph(cuda_graph, start.device)
     check_batch(state, start.shape[0], "start")
+    check_room(state, max_steps, f"max_steps={max_steps}")
     search = _FrameSearch(step, state, start, max_steps=max_steps, stop_threshold=stop_threshold, feedback=feedback)
     search.advance()
     _run(search, max_steps - 1, captured=captured, check_every=_check_every(start.device))
@@ -693,7 +679,7 @@ class _FrameSearch:
         self.count = torch.zeros((), dtype=torch.long, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.stopped = torch.zeros(batch, dtype=torch.bool, device=device)
-        state = _with_room(state, max_steps, "max_steps", device)
+        state = static_state(state, room=max_steps, device=device)
         self.state, _, self.fixed_shape = own_buffers(state, lambda s: step(self.x, s)[2])
         self.in_place = False
         self.frames = self.stop_probs = None

@@ -200,9 +200,8 @@ class SoftmaxAttention(AttentionBlock):
         (in place; a position past the capacity is an error of the caller's `room`), and
         the queries see the filled positions up to their own."""
         t, capacity = x.shape[1], state.k.shape[2]
-        if not isinstance(state.position, torch.Tensor) and state.position + t > capacity:
-            raise ValueError(f"the static KV cache has room for {capacity - state.position} more positions, "
-                             f"{t} given")
+        if not isinstance(state.position, torch.Tensor):  # a device position: checked before the decode
+            state.with_room(t)
         q = self._queries(x, state.position)
         k_new, v_new = self._keys_values(x, state.position)
         positions = state.position + torch.arange(t, device=x.device)  # [t]
