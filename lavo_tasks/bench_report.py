@@ -84,6 +84,13 @@ def order(values, preferred: list) -> list:
     return [v for v in preferred if v in values] + sorted(values - set(preferred))
 
 
+def task_then_attention(key: tuple) -> tuple:
+    """A sort key for cells keyed (task, attention, ...): attentions in ATTENTIONS' order,
+    any others after them by name, then the rest of the key."""
+    task, attention, *rest = key
+    return (task, ATTENTIONS.index(attention) if attention in ATTENTIONS else len(ATTENTIONS), attention, *rest)
+
+
 @dataclass(frozen=True)
 class Table:
     """One generated table: which rows it takes, each row's key, and how its cells are drawn."""
@@ -129,8 +136,7 @@ def draw_steps(cells, source):
     step, one line per run; `commit` names the code measured (before / after a change)."""
     lines = ["| task | attention | compile | commit | batch | tokens / step | step ms (wall) | GPU ms | wall / GPU "
              "| syncs / step | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key in sorted(cells, key=lambda k: (k[0], ATTENTIONS.index(k[1]) if k[1] in ATTENTIONS else len(ATTENTIONS),
-                                            k[1], k[2], k[3])):
+    for key in sorted(cells, key=task_then_attention):
         task, attention, compile_mode, commit = key
         r = cells[key]
         label = f"{attention} (cross: softmax)" if r.get("cross_fallback") else attention
@@ -167,8 +173,7 @@ def draw_decode(cells, source):
     call, does not cancel between its long and short runs."""
     lines = ["| task | attention | context | beam | mode | wall ms / token | GPU ms / token | wall / GPU "
              "| kernels / token | state GiB | decode peak GiB | prepare peak GiB |", "|---" * 12 + "|"]
-    rank = {name: i for i, name in enumerate(ATTENTIONS)}  # other attentions after these
-    for key in sorted(cells, key=lambda k: (k[0], rank.get(k[1], len(ATTENTIONS)), *k[2:])):
+    for key in sorted(cells, key=task_then_attention):
         r = cells[key]
         state = f"{r['state_gib']:.3f}" if "state_gib" in r else "-"
         peak = f"{r['peak_gib']:.3f}" + ("" if "state_gib" in r else " *")
