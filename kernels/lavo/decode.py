@@ -2,7 +2,8 @@
 "triton": `recurrent.recurrent_lavo_step`, imported on first use; "torch":
 `torch_path.torch_lavo_step`; the same fallback rule as `lavo_attn`), `lavo_prefill`
 (the first positions at once), and the cross-attention decoding of a prepared source
-(`lavo_source`, `lavo_cross_decode`, PyTorch ops only). The states are in `state.py`.
+(`lavo_source`, PyTorch ops; `lavo_cross_decode`, one CC position a call on Triton:
+`cross_step.cross_lavo_step`). The states are in `state.py`.
 """
 
 from ..backend import resolve_backend, run_triton
@@ -45,12 +46,24 @@ def lavo_source(k, v, basis, *, causal, segments=1, kv_mask=None) -> LavoSource:
     return torch_lavo_source(k, v, basis, causal=causal, segments=segments, kv_mask=kv_mask)
 
 
-def lavo_cross_decode(q, source: LavoSource, basis, rel_bias, mem_bias, *, window, start, scale=None):
+def lavo_cross_decode(q, source: LavoSource, basis, rel_bias, mem_bias, *, window, start, scale=None,
+                      backend="auto"):
     """Outputs of target positions start .. start+t-1 (q [B, t, H, d]) against a
     prepared source: what `lavo_attn(..., cross=True)` gives at those positions.
 
     CC: query p uses the window ending at p' = min(p, m-1) and the memory of j <= p'
-    (cost O(t (w + r) d)); NC: the segment memories only (O(t S r d)).
+    (cost O(t (w + r) d)); NC: the segment memories only (O(t S r d)). One CC position
+    (t = 1, a decode step) runs on Triton (`cross_step.cross_lavo_step`, the same fallback
+    rule as `lavo_attn`); the rest on PyTorch ops.
     """
-    return torch_lavo_cross_decode(q, source, basis, rel_bias, mem_bias, window=window, start=start, scale=scale)
+    run_torch = lambda: torch_lavo_cross_decode(q, source, basis, rel_bias, mem_bias, window=window,  # noqa: E731
+                                                start=start, scale=scale)
+    if source.causal and q.shape[1] == 1 and resolve_backend(backend, q) == "triton":
+        def run_kernel():
+            from .cross_step import cross_lavo_step
+
+            return cross_lavo_step(q, source, basis, rel_bias, mem_bias, window=window, start=start, scale=scale)
+
+        return run_triton(backend, "lavo_cross_decode", run_kernel, run_torch)
+    return run_torch()
 

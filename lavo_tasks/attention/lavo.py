@@ -153,7 +153,8 @@ class LavoAttention(AttentionBlock):
         memory = state.memory
         if self.cross:
             o = lavo_cross_decode(
-                q, state.source, basis, self.rel_bias, self.mem_bias, window=self.window, start=state.position
+                q, state.source, basis, self.rel_bias, self.mem_bias, window=self.window, start=state.position,
+                backend=self.backend,
             )
         else:
             o, memory = self._decode_self(q, x, basis, memory, state.position)

@@ -167,3 +167,27 @@ def test_decode_step_takes_the_count_on_the_device(count):
     assert torch.equal(got, want)
     assert all(torch.equal(a, b) for a, b in zip(new[:3], after[:3]))
     assert isinstance(new.count, torch.Tensor) and int(new.count) == count + 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_decode_step_matches_torch_path(dtype):
+    """The compiled CC cross-attention step (one target position against a prepared
+    source of 4,096 positions, the last 100 padded in row 1): the PyTorch path's output,
+    max error <= 1e-4 of the max abs, at positions in the first window, inside the
+    source and past its end; the position as a 0-dim tensor gives the same output."""
+    from lavo_tasks.kernels.lavo.cross_step import cross_lavo_step
+    from lavo_tasks.kernels.lavo.decode import lavo_source
+    from lavo_tasks.kernels.lavo.torch_path import torch_lavo_cross_decode
+
+    batch, m, heads, dim, rank, window = 2, 4096, 8, 64, 64, 128
+    q, k, v, basis, rel_bias, mem_bias = make_inputs(batch, 1, m, heads, dim, rank, window, True, dtype, seed=2)
+    mask = torch.ones(batch, m, dtype=torch.bool, device="cuda")
+    mask[1, m - 100 :] = False
+    source = lavo_source(k, v, basis, causal=True, kv_mask=mask)
+    for position in (0, 70, 1000, 4095, 5000):
+        want = torch_lavo_cross_decode(q, source, basis, rel_bias, mem_bias, window=window, start=position, scale=None)
+        got = cross_lavo_step(q, source, basis, rel_bias, mem_bias, window=window, start=position)
+        assert max_rel_error(got.double(), want.double()) <= (1e-4 if dtype == torch.float32 else 1e-2), position
+        on_device = cross_lavo_step(q, source, basis, rel_bias, mem_bias, window=window,
+                                    start=torch.tensor(position, device="cuda"))
+        assert torch.equal(on_device, got)

@@ -307,3 +307,25 @@ def test_dkv_query_tiles_of_other_sizes(monkeypatch, pattern, split):
     inputs = make_inputs(1, n, m, 2, 8, 4, window, causal, seed=n + m)
     mask = None if causal else random_mask(1, m, seed=n, keep_first=True)
     check_against_reference(small_chunks, inputs, **options(window, causal=causal, cross=causal, kv_mask=mask))
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_cross_decode_step_matches_the_torch_path(masked):
+    """One CC target position against a prepared source (cross_step.cross_lavo_step): the
+    PyTorch path's output at positions inside the first window, past it, and past the
+    source's end (the anchor stays at m - 1); a padded source leaves its padding out. The
+    position as a 0-dim tensor gives the int's output bit for bit."""
+    from lavo_tasks.kernels.lavo.cross_step import cross_lavo_step
+    from lavo_tasks.kernels.lavo.decode import lavo_source
+    from lavo_tasks.kernels.lavo.torch_path import torch_lavo_cross_decode
+
+    batch, m, heads, dim, rank, window = 2, 40, 2, 16, 8, 12
+    q, k, v, basis, rel_bias, mem_bias = make_inputs(batch, 1, m, heads, dim, rank, window, True, seed=4)
+    mask = random_mask(batch, m, seed=4, keep_first=True) if masked else None
+    source = lavo_source(k, v, basis, causal=True, kv_mask=mask)
+    for position in (0, 5, 11, 12, 30, 39, 45):
+        want = torch_lavo_cross_decode(q, source, basis, rel_bias, mem_bias, window=window, start=position, scale=None)
+        got = cross_lavo_step(q, source, basis, rel_bias, mem_bias, window=window, start=position)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+        on_device = cross_lavo_step(q, source, basis, rel_bias, mem_bias, window=window, start=torch.tensor(position))
+        assert torch.equal(on_device, got)

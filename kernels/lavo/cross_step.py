@@ -1,0 +1,107 @@
+"""LAVO causal cross-attention (CC) decode step on Triton: one target position per call
+against a source prepared by `lavo_source` (state.LavoSource).
+
+One program per (batch row, head). Target position p reads the window of w source
+positions ending at a = min(p, m - 1) (bias rel_bias[a - j], padded positions left out)
+and the r memory slots of the prefix mean h_a (logits scale * h_a,i (B q)_i + mu), in one
+online softmax; the output is the window's weighted values plus sum_i weight_i h_a,i B_i.
+The same function as `torch_path.torch_lavo_cross_decode` for one position, in fp32; the
+position is an int or a 0-dim tensor read in the kernel (a captured decode replays the
+launch as recorded). Cost O((w + r) d) per head, whatever the source length.
+"""
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common import tile_width
+from .recurrent import _ready
+from .state import LavoSource
+
+WINDOW_BLOCK = 64  # source positions per step of the loop over the window
+
+
+@triton.jit
+def lavo_cross_step_kernel(
+    Q, KEYS, VALUES, VALID, MEANS, BAS, RHO, MU, O,
+    H, M, P, scale,
+    D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
+    W: tl.constexpr, BLK: tl.constexpr, NBLK: tl.constexpr, P_ON_DEVICE: tl.constexpr,
+):
+    bh = tl.program_id(0)  # b * H + h
+    b = bh // H
+    h = bh % H
+    if P_ON_DEVICE:
+        p = tl.load(P)
+    else:
+        p = P
+    a = tl.minimum(p, M - 1)  # the last source position this query reads
+    dd = tl.arange(0, BD)
+    rr = tl.arange(0, BR)
+    d_ok = dd < D
+    r_ok = rr < R
+    q = tl.load(Q + bh * D + dd, mask=d_ok, other=0.0).to(tl.float32)
+    basis = tl.load(BAS + h * R * D + rr[:, None] * D + dd[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+
+    # memory: logits scale * h_a,i (B q)_i + mu (log2 units) start the softmax
+    hm = tl.load(MEANS + (bh.to(tl.int64) * M + a) * R + rr, mask=r_ok, other=0.0)
+    bq = tl.sum(basis * q[None, :], 1)
+    e = tl.where(r_ok, (scale * hm * bq + tl.load(MU + h)) * 1.4426950408889634, float("-inf"))
+    m_i = tl.max(e, 0)
+    pm = tl.exp2(e - m_i)
+    l_i = tl.sum(pm, 0)
+    acc = tl.sum((pm * hm)[:, None] * basis, 0)  # [BD]
+
+    # the window: source positions a - back for back = 0 .. w-1, real and >= 0
+    for blk in range(NBLK):
+        back = blk * BLK + tl.arange(0, BLK)
+        j = a - back
+        in_window = (back < W) & (j >= 0)
+        real = tl.load(VALID + b * M + j, mask=in_window, other=0.0)
+        ok = in_window & (real > 0)
+        offs = (bh.to(tl.int64) * M + j)[:, None] * D + dd[None, :]
+        kb = tl.load(KEYS + offs, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        vb = tl.load(VALUES + offs, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        bias = tl.load(RHO + h * W + back, mask=back < W, other=0.0)
+        s = tl.where(ok, (scale * tl.sum(kb * q[None, :], 1) + bias) * 1.4426950408889634, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        alpha = tl.exp2(m_i - m_new)
+        pw = tl.exp2(s - m_new)
+        l_i = l_i * alpha + tl.sum(pw, 0)
+        acc = acc * alpha + tl.sum(pw[:, None] * vb, 0)
+        m_i = m_new
+    tl.store(O + bh * D + dd, (acc / l_i).to(O.dtype.element_ty), mask=d_ok)
+
+
+def cross_lavo_step(q, source: LavoSource, basis, rel_bias, mem_bias, *, window, start, scale=None):
+    """`lavo_cross_decode` of one CC target position on Triton: q [B, 1, H, d] at position
+    `start` (an int or a 0-dim long tensor on q's device) -> o [B, 1, H, d] in q's dtype.
+    NotImplementedError for what it does not cover (float64)."""
+    if source.means.dtype != torch.float32 or q.dtype == torch.float64:
+        raise NotImplementedError("float64 decoding has no Triton kernel; use backend='torch'")
+    batch, _, heads, dim = q.shape
+    m, rank = source.keys.shape[2], basis.shape[1]
+    scale = dim**-0.5 if scale is None else float(scale)
+    on_device = isinstance(start, torch.Tensor)
+    if on_device and (start.dim() != 0 or start.dtype != torch.long or start.device != q.device):
+        raise ValueError(f"start: an int or a 0-dim long tensor on {q.device}, got {start.dtype} "
+                         f"{tuple(start.shape)} on {start.device}")
+    q1 = _ready(q[:, 0], q.dtype)  # [B, H, d]
+    o = torch.empty_like(q1)
+    lavo_cross_step_kernel[(batch * heads,)](
+        q1, _ready(source.keys, source.keys.dtype), _ready(source.values, source.values.dtype),
+        _ready(source.valid, torch.float32), _ready(source.means, torch.float32), _ready(basis, torch.float32),
+        _ready(rel_bias, torch.float32), _ready(mem_bias, torch.float32), o,
+        heads, m, start, scale, P_ON_DEVICE=on_device, **_meta(dim, rank, window),
+    )
+    return o[:, None]
+
+
+@functools.lru_cache(maxsize=None)
+def _meta(dim, rank, window):
+    """The kernel's compile-time arguments for a head dim, rank and window."""
+    blk = min(WINDOW_BLOCK, tile_width(window))
+    return dict(D=dim, R=rank, BD=tile_width(dim), BR=tile_width(rank), W=window, BLK=blk,
+                NBLK=triton.cdiv(window, blk), num_warps=4)
