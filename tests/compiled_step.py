@@ -1,5 +1,6 @@
 """How often a task's compiled training step compiles, and whether it computes the eager
-step's loss (importable as `compiled_step`, like `tiny`).
+step's loss; whether an eager step waits for the GPU (importable as `compiled_step`, like
+`tiny`).
 
 The model is compiled with backend="aot_eager": Dynamo's frames and guards and
 AOTAutograd's forward and backward graphs, run eagerly, so the recompiles are those of
@@ -11,6 +12,7 @@ import warnings
 
 import torch
 import torch._dynamo
+from lightning.pytorch.utilities import move_data_to_device
 from torch._dynamo.utils import counters
 
 from lavo_tasks import tasks
@@ -65,3 +67,35 @@ def assert_few_graphs_and_eager_losses(cfg, steps: int = 3, most: int = 1):
     for got, want in losses:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     return batches
+
+
+def assert_training_step_sync_free(cfg):
+    """On the GPU, one training step of the task's Module (its `training_step` under bf16
+    autocast, backward, a fused AdamW step) on its DataModule's first batch never waits
+    for the GPU: it runs under torch.cuda.set_sync_debug_mode("error"), after a warm-up
+    step (Triton compiles, cached tables), and raises at the first synchronising call."""
+    validate(cfg)
+    task = tasks.load_task(cfg.task)
+    datamodule = task.DataModule(cfg)
+    module = task.Module(cfg, datamodule.spec()).cuda().train()
+    batch = move_data_to_device(next(iter(datamodule.train_dataloader())), torch.device("cuda"))
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=True)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = module.training_step(batch, 0)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    with warnings.catch_warnings():  # the Module logs train_loss; no Trainer is here to take it
+        warnings.filterwarnings("ignore", message=".*self.log.*")
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            loss = step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(loss)

@@ -39,6 +39,7 @@ from .metrics import Rouge, lead
 from .model import Summarizer
 
 TABLE_ROWS = 20
+IGNORED = -100  # the target id of padding, which the loss skips
 SOURCE_EXCERPT_CHARS = 300
 
 
@@ -54,15 +55,21 @@ class SummarizationModule(TaskModule):
         self.rouge, self.lead_rouge = Rouge(stemming), Rouge(stemming)
         self.generated_len, self.reference_len = Mean(), Mean()  # tokens per example
 
-    def token_losses(self, batch: dict, label_smoothing: float = 0.0) -> torch.Tensor:
-        """Cross-entropy of each real target token [N] (padding dropped)."""
+    def token_losses(self, batch: dict, label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the summed cross-entropy of the real target tokens, their count), two 0-dim
+        tensors. Padding is ignored by its target rather than dropped by a boolean mask:
+        selecting by a mask waits for the GPU (the selection's size) and gives a compiled
+        model a shape that depends on the data."""
         logits = self.model(batch["source"], batch["decoder_input"], batch["source_mask"], batch["target_mask"])
         mask = batch["target_mask"]
-        return F.cross_entropy(logits[mask].float(), batch["target"][mask], label_smoothing=label_smoothing,
-                               reduction="none")
+        target = batch["target"].masked_fill(~mask, IGNORED)
+        losses = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=IGNORED,
+                                 label_smoothing=label_smoothing, reduction="none")  # [B * T], 0 at padding
+        return losses.sum(), mask.sum()
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss = self.token_losses(batch, self.cfg.loss.label_smoothing).mean()
+        total, count = self.token_losses(batch, self.cfg.loss.label_smoothing)
+        loss = total / count
         self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["source"]))
         return loss
 
@@ -71,8 +78,7 @@ class SummarizationModule(TaskModule):
         self.val_nll.reset()
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        nll = self.token_losses(batch)
-        self.val_nll.update(nll, nll.numel())
+        self.val_nll.update(*self.token_losses(batch))
 
     def on_validation_epoch_end(self) -> None:
         self.log("val_loss", float(self.val_nll.compute()), prog_bar=True)
@@ -100,8 +106,7 @@ class SummarizationModule(TaskModule):
         return texts, out.lengths
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        nll = self.token_losses(batch)
-        self.test_nll.update(nll, nll.numel())
+        self.test_nll.update(*self.token_losses(batch))
         generated, lengths = self.summarize(batch["source"], batch["source_mask"])
         references = batch["reference"]
         leads = [lead(source, reference) for source, reference in zip(batch["source_text"], references)]

@@ -95,9 +95,11 @@ class TTSModule(TaskModule):
         steps = torch.arange(stop.shape[1], device=stop.device)
         step_mask = steps < step_lengths[:, None]
         stop_target = (steps == step_lengths[:, None] - 1).float()
-        stop_loss = F.binary_cross_entropy_with_logits(
-            stop.float()[step_mask], stop_target[step_mask], pos_weight=stop.new_tensor(STOP_POSITIVE_WEIGHT).float()
-        )
+        # The mean over real steps, weighted as pos_weight would (STOP_POSITIVE_WEIGHT on the
+        # last step, 1 elsewhere: the same for a 0/1 target), without selecting by the mask
+        # or building a tensor from a number: both wait for the GPU.
+        weight = step_mask * (1 + (STOP_POSITIVE_WEIGHT - 1) * stop_target)
+        stop_loss = F.binary_cross_entropy_with_logits(stop.float(), stop_target, weight, reduction="sum") / step_mask.sum()
         losses = {"loss": mel_loss + stop_loss, "mel_loss": mel_loss, "stop_loss": stop_loss}
         if guided:
             losses["attention_loss"] = guided_attention_loss(cross_weights, step_lengths, batch["token_lengths"])

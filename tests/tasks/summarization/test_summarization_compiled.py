@@ -4,10 +4,11 @@ each at most, the eager step's loss (tests/compiled_step.py)."""
 import pytest
 import torch
 
-from compiled_step import assert_few_graphs_and_eager_losses
+from compiled_step import assert_few_graphs_and_eager_losses, assert_training_step_sync_free
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.summarization.data import collate
 from test_summarization_train import TINY, write_dataset
+from tiny import attention_args
 
 
 def power_of_two_at_least(n: int) -> int:
@@ -38,3 +39,13 @@ def test_bucketed_batches_pad_what_the_batch_longest_would():
     for key in ("source", "source_mask", "target", "target_mask", "decoder_input"):
         width = own[key].shape[1]
         assert torch.equal(bucketed[key][:, :width], own[key]), key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cross_causal", [False, True])
+@pytest.mark.parametrize("attention", ["softmax", "lavo", "gsa"])
+def test_training_step_never_waits_for_the_gpu(tmp_path, attention, cross_causal):
+    data = write_dataset(tmp_path / "data")
+    cfg = compose([*TINY, f"attention={attention}", *attention_args(attention, window=4, slots=4),
+                   f"data.path={data}", f"run.dir={tmp_path / 'run'}", f"model.cross_causal={cross_causal}"])
+    assert_training_step_sync_free(cfg)

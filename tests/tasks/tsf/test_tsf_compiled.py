@@ -9,9 +9,9 @@ summarization and tts, which pad, have their own tests."""
 
 import pytest
 
-from compiled_step import assert_few_graphs_and_eager_losses
+from compiled_step import assert_few_graphs_and_eager_losses, assert_training_step_sync_free
 from lavo_tasks.config import compose
-from test_tsf import TINY, linear_csv
+from test_tsf import ATTENTION_ARGS, TINY, linear_csv
 
 
 @pytest.mark.slow  # compiles a model
@@ -20,3 +20,11 @@ def test_compiled_steps_compile_once(tmp_path):
                    f"data.path={linear_csv(tmp_path / 'lin.csv')}", f"run.dir={tmp_path / 'run'}",
                    "trainer.compile=default"])
     assert_few_graphs_and_eager_losses(cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["softmax", "lavo", "gsa"])
+def test_training_step_never_waits_for_the_gpu(tmp_path, attention):
+    cfg = compose(["task=tsf", *TINY, f"attention={attention}", *ATTENTION_ARGS[attention],
+                   f"data.path={linear_csv(tmp_path / 'lin.csv')}", f"run.dir={tmp_path / 'run'}"])
+    assert_training_step_sync_free(cfg)

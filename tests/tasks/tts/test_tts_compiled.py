@@ -4,10 +4,11 @@ graph for every step, the eager step's loss (tests/compiled_step.py)."""
 import pytest
 import torch
 
-from compiled_step import assert_few_graphs_and_eager_losses
+from compiled_step import assert_few_graphs_and_eager_losses, assert_training_step_sync_free
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.tts.data import TTSDataModule, collate
 from test_tts_train import TINY, dataset  # noqa: F401 (the fixture)
+from tiny import attention_args
 
 
 @pytest.mark.slow  # compiles a model
@@ -36,3 +37,11 @@ def test_bucketed_batches_pad_what_the_batch_longest_would():
     assert torch.equal(bucketed["tokens"][:, :3], own["tokens"]) and torch.equal(bucketed["mels"], own["mels"])
     for key in ("token_lengths", "mel_lengths", "index"):
         assert torch.equal(bucketed[key], own[key]), key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["softmax", "lavo", "gsa"])
+def test_training_step_never_waits_for_the_gpu(dataset, tmp_path, attention):
+    cfg = compose(["task=tts", f"attention={attention}", *attention_args(attention, window=8, slots=4),
+                   f"data.path={dataset}", f"run.dir={tmp_path / 'run'}", *TINY])
+    assert_training_step_sync_free(cfg)
