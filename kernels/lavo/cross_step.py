@@ -27,12 +27,13 @@ WINDOW_BLOCK = 64  # source positions per step of the loop over the window
 def lavo_cross_step_kernel(
     Q, KEYS, VALUES, VALID, MEANS, BAS, RHO, MU, O,
     H, M, P, scale,
+    sk_b, sk_h, sk_m, sv_b, sv_h, sv_m, sn_b, sn_h, sn_m, sw_b,
     D: tl.constexpr, R: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
     W: tl.constexpr, BLK: tl.constexpr, NBLK: tl.constexpr, P_ON_DEVICE: tl.constexpr,
 ):
     bh = tl.program_id(0)  # b * H + h
-    b = bh // H
-    h = bh % H
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
     if P_ON_DEVICE:
         p = tl.load(P)
     else:
@@ -46,7 +47,7 @@ def lavo_cross_step_kernel(
     basis = tl.load(BAS + h * R * D + rr[:, None] * D + dd[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0)
 
     # memory: logits scale * h_a,i (B q)_i + mu (log2 units) start the softmax
-    hm = tl.load(MEANS + (bh.to(tl.int64) * M + a) * R + rr, mask=r_ok, other=0.0)
+    hm = tl.load(MEANS + b * sn_b + h * sn_h + a * sn_m + rr, mask=r_ok, other=0.0)
     bq = tl.sum(basis * q[None, :], 1)
     e = tl.where(r_ok, (scale * hm * bq + tl.load(MU + h)) * 1.4426950408889634, float("-inf"))
     m_i = tl.max(e, 0)
@@ -59,11 +60,12 @@ def lavo_cross_step_kernel(
         back = blk * BLK + tl.arange(0, BLK)
         j = a - back
         in_window = (back < W) & (j >= 0)
-        real = tl.load(VALID + b * M + j, mask=in_window, other=0.0)
+        real = tl.load(VALID + b * sw_b + j, mask=in_window, other=0.0)
         ok = in_window & (real > 0)
-        offs = (bh.to(tl.int64) * M + j)[:, None] * D + dd[None, :]
-        kb = tl.load(KEYS + offs, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        vb = tl.load(VALUES + offs, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        kv_ok = ok[:, None] & d_ok[None, :]
+        kb = tl.load(KEYS + b * sk_b + h * sk_h + j[:, None] * sk_m + dd[None, :], mask=kv_ok, other=0.0)
+        vb = tl.load(VALUES + b * sv_b + h * sv_h + j[:, None] * sv_m + dd[None, :], mask=kv_ok, other=0.0)
+        kb, vb = kb.to(tl.float32), vb.to(tl.float32)
         bias = tl.load(RHO + h * W + back, mask=back < W, other=0.0)
         s = tl.where(ok, (scale * tl.sum(kb * q[None, :], 1) + bias) * 1.4426950408889634, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))
@@ -90,13 +92,28 @@ def cross_lavo_step(q, source: LavoSource, basis, rel_bias, mem_bias, *, window,
                          f"{tuple(start.shape)} on {start.device}")
     q1 = _ready(q[:, 0], q.dtype)  # [B, H, d]
     o = torch.empty_like(q1)
+    # The source's tensors are read through their strides: beam search broadcasts one
+    # source over a sequence's hypotheses (stride 0 in the batch), which a contiguous copy
+    # would repeat at every step. Only the innermost dim must be dense.
+    keys, values = _rows(source.keys), _rows(source.values)
+    means, basis = _rows(source.means, torch.float32), _ready(basis, torch.float32)
+    valid = _rows(source.valid, torch.float32)
     lavo_cross_step_kernel[(batch * heads,)](
-        q1, _ready(source.keys, source.keys.dtype), _ready(source.values, source.values.dtype),
-        _ready(source.valid, torch.float32), _ready(source.means, torch.float32), _ready(basis, torch.float32),
+        q1, keys, values, valid, means, basis,
         _ready(rel_bias, torch.float32), _ready(mem_bias, torch.float32), o,
-        heads, m, start, scale, P_ON_DEVICE=on_device, **_meta(dim, rank, window),
+        heads, m, start, scale,
+        *keys.stride()[:3], *values.stride()[:3], *means.stride()[:3], valid.stride(0),
+        P_ON_DEVICE=on_device, **_meta(dim, rank, window),
     )
     return o[:, None]
+
+
+def _rows(x, dtype=None):
+    """x in `dtype` (its own by default) with a dense innermost dim, keeping every other
+    stride (a broadcast batch stays a view); a copy only when the dtype or the innermost
+    stride differs."""
+    dtype = x.dtype if dtype is None else dtype
+    return x if x.dtype == dtype and x.stride(-1) == 1 else x.detach().to(dtype).contiguous()
 
 
 @functools.lru_cache(maxsize=None)

@@ -148,6 +148,31 @@ def test_block_decode_equals_full_forward(pattern, segments, source_len, sizes):
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("pattern", ["CS", "CC"])
+def test_triton_decode_steps_equal_the_torch_forward(pattern, device):
+    """The block's decode steps on Triton (the interpreter on a CPU), token by token from
+    its own init_state (the basis broadcast over the batch, rank 4 against 2 heads), give
+    the PyTorch path's whole forward of the same weights, in fp32, over a padded source
+    shorter than the target (CC: the last positions read the source's end)."""
+    causal, cross = PATTERNS[pattern]
+    blocks = [make_block(pattern, backend=backend).float().to(device) for backend in ("torch", "triton")]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 10, D_MODEL, generator=g).to(device)
+    context = torch.randn(2, 7, D_MODEL, generator=g).to(device) if cross else None
+    context_mask = torch.ones(2, 7, dtype=torch.bool, device=device) if cross else None
+    if cross:
+        context_mask[1, 5:] = False
+    with torch.no_grad():
+        full, _ = blocks[0](x, context=context, context_mask=context_mask)
+        state = blocks[1].init_state(2, context=context, context_mask=context_mask)
+        steps = []
+        for t in range(10):
+            y, state = blocks[1](x[:, t : t + 1], context=context, state=state)
+            steps.append(y)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5)
+
+
 def test_noncausal_self_cannot_be_decoded():
     with pytest.raises(ValueError, match="noncausal self-attention \\(NS\\) cannot be decoded"):
         make_block("NS").init_state(2)

@@ -329,3 +329,23 @@ def test_cross_decode_step_matches_the_torch_path(masked):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
         on_device = cross_lavo_step(q, source, basis, rel_bias, mem_bias, window=window, start=torch.tensor(position))
         assert torch.equal(on_device, got)
+
+
+def test_cross_decode_step_reads_a_source_broadcast_over_the_beam():
+    """Beam search broadcasts one sequence's source over its hypotheses (stride 0 in the
+    batch, generation.reorder): the step reads it in place and gives, row for row, what
+    it gives for a dense copy of the same rows."""
+    from lavo_tasks.kernels.lavo.cross_step import cross_lavo_step
+    from lavo_tasks.kernels.lavo.decode import lavo_source
+
+    beams, m, heads, dim, rank, window = 3, 30, 2, 16, 8, 12
+    _, k, v, basis, rel_bias, mem_bias = make_inputs(1, 1, m, heads, dim, rank, window, True, seed=5)
+    q = torch.randn(beams, 1, heads, dim, generator=torch.Generator().manual_seed(6))
+    source = lavo_source(k, v, basis, causal=True, kv_mask=random_mask(1, m, seed=5, keep_first=True))
+    broadcast = type(source)(*(t.expand(beams, *t.shape[1:]) if isinstance(t, torch.Tensor) else t for t in source))
+    dense = type(source)(*(t.contiguous() if isinstance(t, torch.Tensor) else t for t in broadcast))
+    assert broadcast.keys.stride(0) == 0 and broadcast.means.stride(0) == 0
+    for position in (3, 20, 40):
+        got = cross_lavo_step(q, broadcast, basis, rel_bias, mem_bias, window=window, start=position)
+        want = cross_lavo_step(q, dense, basis, rel_bias, mem_bias, window=window, start=position)
+        assert torch.equal(got, want), position
