@@ -60,10 +60,11 @@ def _numbers(key: str, text: str) -> list[int]:
     return [int(v) for v in values]
 
 
-def decode_run(task: str, model, context: int, beam: int, device: torch.device):
+def decode_run(task: str, model, context: int, beam: int, device: torch.device, positions: int):
     """(prepare, run) under bf16 autocast: prepare() reads a random context of `context`
     tokens (lm: the prompt but its last token, prefilled; summarization: the source,
-    encoded; tts: the text, encoded) and returns the decode state; run(state, n,
+    encoded, for a decode of at most `positions` target positions, as `summarize` asks;
+    tts: the text, encoded) and returns the decode state; run(state, n,
     cuda_graph) decodes n tokens (frames) from it (lm: from the prompt's last token)."""
     g = torch.Generator(device=device).manual_seed(0)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
@@ -83,7 +84,7 @@ def decode_run(task: str, model, context: int, beam: int, device: torch.device):
 
         def prepare():
             with autocast, torch.no_grad():
-                return model.init_state(source)
+                return model.init_state(source, positions=positions)
 
         def run(state, n, cuda_graph):
             with autocast:
@@ -221,7 +222,7 @@ def bench(args: list[str]) -> list[dict]:
             model = tasks.load_task(task).Module(cfg, spec).model.to(device).eval()
             for context in contexts:
                 for beam in beams:
-                    prepare, run = decode_run(task, model, context, beam, device)
+                    prepare, run = decode_run(task, model, context, beam, device, 1 + SHORT + max(tokens, PROFILED))
                     for mode in modes:
                         rows.append(record({"attention": name, "context": context, "beam": beam, "mode": mode},
                                            log, meta, lambda: measure(prepare, run, tokens, MODES[mode])))

@@ -25,6 +25,7 @@ class Summarizer(nn.Module):
                  d_ff: int, dropout: float, encoder_attention: DictConfig, decoder_attention: DictConfig,
                  cross_attention: DictConfig, cross_causal: bool):
         super().__init__()
+        self.cross_causal = cross_causal
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=0.02)  # GPT-2's scale; the output head shares it
         self.drop = nn.Dropout(dropout)
@@ -48,9 +49,20 @@ class Summarizer(nn.Module):
         h = self.decoder(self.drop(self.embed(decoder_input)), memory, target_mask, source_mask)
         return self.head(h)
 
-    def init_state(self, source: torch.Tensor, source_mask: torch.Tensor | None = None) -> tuple:
-        """The decode state before the first summary token: the source encoded, once."""
-        return self.decoder.init_state(source.shape[0], self.encode(source, source_mask), source_mask)
+    def init_state(self, source: torch.Tensor, source_mask: torch.Tensor | None = None,
+                   positions: int | None = None) -> tuple:
+        """The decode state before the first summary token: the source encoded, once.
+
+        `positions`: how many target positions the decode will feed (prefix and generated
+        tokens), if known. Causal cross-attention (CC) lets target position p read source
+        positions <= p only, so the cross sites then keep the first `positions` source
+        positions and the state no longer grows with the source; the encoder still reads
+        all of it. Noncausal cross-attention reads the whole source whatever `positions`."""
+        memory = self.encode(source, source_mask)
+        if positions is not None and self.cross_causal and positions < memory.shape[1]:
+            memory = memory[:, :positions]  # [B, S, D] -> [B, positions, D]
+            source_mask = None if source_mask is None else source_mask[:, :positions]
+        return self.decoder.init_state(source.shape[0], memory, source_mask)
 
     def step(self, tokens: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple]:
         """tokens [B, t] following those fed so far -> (logits [B, t, V], new state):

@@ -80,6 +80,49 @@ def test_decode_states_give_the_teacher_forcing_logits(attention, cross_causal):
     torch.testing.assert_close(torch.cat(pieces, dim=1), whole, atol=2e-4, rtol=2e-4)
 
 
+def storage_bytes(state) -> int:
+    """Bytes of the distinct storages of the tensors in a nested state."""
+    storages = {}
+
+    def visit(part):
+        if isinstance(part, torch.Tensor):
+            storages[part.untyped_storage().data_ptr()] = part.untyped_storage().nbytes()
+        elif isinstance(part, (tuple, list)):
+            for p in part:
+                visit(p)
+        elif isinstance(part, dict):
+            for p in part.values():
+                visit(p)
+
+    visit(state)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("cross_causal", [True, False], ids=["CC", "NC"])
+@pytest.mark.parametrize("attention", ["softmax", "lavo", "gsa"])
+def test_a_state_for_a_few_positions_keeps_only_the_source_they_read(attention, cross_causal):
+    """init_state(..., positions=5) over an 11-token source: decoding those 5 positions
+    gives the teacher-forcing logits; under CC the state keeps less than the whole source
+    (a source only as long as the positions: the same state as for the source cut there),
+    under NC it keeps all of it."""
+    model = tiny_model(attention, cross_causal)
+    source, mask = source_batch()
+    decoder_input = torch.randint(0, VOCAB, (3, 5))
+    with torch.no_grad():
+        whole = model(source, decoder_input, mask)
+        state = step_state = model.init_state(source, mask, positions=5)
+        pieces = []
+        for t in range(5):
+            logits, step_state = model.step(decoder_input[:, t : t + 1], step_state)
+            pieces.append(logits)
+        full = model.init_state(source, mask)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, atol=2e-4, rtol=2e-4)
+    if cross_causal:
+        assert storage_bytes(state) < storage_bytes(full)
+    else:
+        assert storage_bytes(state) == storage_bytes(full)
+
+
 @pytest.mark.parametrize("attention", list(ATTENTIONS))
 def test_beam_search_through_decode_states_equals_recomputing_the_prefix(attention):
     model = tiny_model(attention)
