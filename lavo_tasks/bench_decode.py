@@ -2,7 +2,8 @@
 attention side by side in one process, eager and captured (CUDA graphs), on one GPU.
 
     python -m lavo_tasks.bench_decode task=lm|summarization|tts [attentions=softmax,local,lavo,gsa]
-        [contexts=4096] [beams=1] [tokens=256] [modes=eager,graph] [out=bench_out] [KEY=VALUE ...]
+        [contexts=4096] [beams=1] [tokens=256] [modes=eager,graph] [out=bench_out] [commit=ID]
+        [KEY=VALUE ...]
 
 The models are the tasks' own (bench_e2e's configuration: model.preset=cab, its
 attention sizes, a cross site `local` cannot serve keeps softmax), random weights, one
@@ -22,7 +23,8 @@ profiling a long run costs more than the run). Memory, above what was allocated 
 was read (the weights): `state` (the decode state's tensors: KV caches, prepared
 sources, constant-size states), `decode peak` (the CUDA allocator's peak during the
 long run, the state included) and `prepare peak` (the peak while reading the context:
-encoder or prefill). Writes
+encoder or prefill). `commit` names the code measured (bench_e2e's rule: by default the
+git checkout's short hash, "unknown" for an installed copy). Writes
 OUT/bench_decode_<task>.jsonl and prints a Markdown table. Needs CUDA.
 """
 
@@ -35,7 +37,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from . import tasks
 from .attention import ATTENTION_NAMES
-from .bench_e2e import bench_config, record
+from .bench_e2e import bench_config, checkout_commit, record
 from .config import split_args
 from .errors import ConfigError
 from .generation import _leaves, generate, generate_frames
@@ -50,7 +52,7 @@ REPEATS = 3  # timed calls of each run, the fastest kept
 DATA_OVERRIDES = {"lm": ["data.seq_len=1024"]}
 PROFILED = 32  # tokens of the profiled long run
 ARGUMENTS = {"attentions": ",".join(ATTENTION_NAMES), "contexts": "4096", "beams": "1", "tokens": "256",
-             "modes": "eager,graph", "out": "bench_out"}
+             "modes": "eager,graph", "out": "bench_out", "commit": ""}
 
 
 def _numbers(key: str, text: str) -> list[int]:
@@ -88,7 +90,7 @@ def decode_run(task: str, model, context: int, beam: int, device: torch.device, 
 
         def run(state, n, cuda_graph):
             with autocast:
-                generate(model.step, state, prefix, max_len=n, beam=beam, cuda_graph=cuda_graph)
+                generate(model.step, state, prefix, max_len=n, beam=beam, max_positions=positions, cuda_graph=cuda_graph)
     else:
         text = torch.randint(1, model.embedding.num_embeddings, (1, context), device=device, generator=g)
         lengths = torch.tensor([context], device=device)
@@ -215,7 +217,8 @@ def bench(args: list[str]) -> list[dict]:
     out = Path(options["out"])
     out.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "task": task, "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "tokens": tokens, "overrides": extra}
+            "torch": torch.__version__, "tokens": tokens, "overrides": extra,
+            "commit": options["commit"] or checkout_commit()}
     rows = []
     with (out / f"bench_decode_{task}.jsonl").open("w") as log:
         for name, cfg in configs.items():

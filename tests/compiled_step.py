@@ -69,16 +69,34 @@ def assert_few_graphs_and_eager_losses(cfg, steps: int = 3, most: int = 1):
     return batches
 
 
+def module_and_first_batch(cfg):
+    """The task's Module (on the CPU, in eval mode: no dropout) and its DataModule's first
+    training batch."""
+    validate(cfg)
+    task = tasks.load_task(cfg.task)
+    datamodule = task.DataModule(cfg)
+    return task.Module(cfg, datamodule.spec()).eval(), next(iter(datamodule.train_dataloader()))
+
+
+def training_loss_and_output(module, batch):
+    """(training_step's loss, what the module's model returned in that step), no grad."""
+    seen = []
+    handle = module.model.register_forward_hook(lambda _module, _inputs, output: seen.append(output))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*self.log.*")
+        loss = module.training_step(batch, 0)
+    handle.remove()
+    return loss, seen[-1]
+
+
 def assert_training_step_sync_free(cfg):
     """On the GPU, one training step of the task's Module (its `training_step` under bf16
     autocast, backward, a fused AdamW step) on its DataModule's first batch never waits
     for the GPU: it runs under torch.cuda.set_sync_debug_mode("error"), after a warm-up
     step (Triton compiles, cached tables), and raises at the first synchronising call."""
-    validate(cfg)
-    task = tasks.load_task(cfg.task)
-    datamodule = task.DataModule(cfg)
-    module = task.Module(cfg, datamodule.spec()).cuda().train()
-    batch = move_data_to_device(next(iter(datamodule.train_dataloader())), torch.device("cuda"))
+    module, batch = module_and_first_batch(cfg)
+    module = module.cuda().train()
+    batch = move_data_to_device(batch, torch.device("cuda"))
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=True)
 
     def step():

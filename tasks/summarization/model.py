@@ -57,7 +57,11 @@ class Summarizer(nn.Module):
         tokens), if known. Causal cross-attention (CC) lets target position p read source
         positions <= p only, so the cross sites then keep the first `positions` source
         positions and the state no longer grows with the source; the encoder still reads
-        all of it. Noncausal cross-attention reads the whole source whatever `positions`."""
+        all of it. Feeding more positions than that would read a shortened source, so pass
+        the same number to `generate` as `max_positions`, which refuses a longer decode.
+        Noncausal cross-attention reads the whole source whatever `positions`."""
+        if positions is not None and (not isinstance(positions, int) or positions < 1):
+            raise ValueError(f"positions={positions!r}: the target positions the decode feeds, an integer >= 1")
         memory = self.encode(source, source_mask)
         if positions is not None and self.cross_causal and positions < memory.shape[1]:
             memory = memory[:, :positions]  # [B, S, D] -> [B, positions, D]

@@ -94,8 +94,9 @@ class SummarizationModule(TaskModule):
         """The generated summaries of source [B, S] as text, and their lengths [B] in tokens."""
         d = self.cfg.decode
         prefix = torch.full((len(source), 1), self.eos_id, dtype=torch.long, device=source.device)
-        state = self.model.init_state(source, source_mask, positions=prefix.shape[1] + d.max_len)
-        out = generate(self.model.step, state, prefix, max_len=d.max_len,
+        positions = prefix.shape[1] + d.max_len
+        state = self.model.init_state(source, source_mask, positions=positions)
+        out = generate(self.model.step, state, prefix, max_len=d.max_len, max_positions=positions,
                        min_len=d.min_len, eos_id=self.eos_id, pad_id=self.eos_id, beam=d.beam,
                        length_penalty=d.length_penalty, no_repeat_ngram=d.no_repeat_ngram, cuda_graph=d.cuda_graph)
         texts = []

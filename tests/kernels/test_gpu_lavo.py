@@ -173,8 +173,9 @@ def test_decode_step_takes_the_count_on_the_device(count):
 def test_cross_decode_step_matches_torch_path(dtype):
     """The compiled CC cross-attention step (one target position against a prepared
     source of 4,096 positions, the last 100 padded in row 1): the PyTorch path's output,
-    max error <= 1e-4 of the max abs, at positions in the first window, inside the
-    source and past its end; the position as a 0-dim tensor gives the same output."""
+    max error <= 1e-4 (fp32) or 1e-2 (bf16) of the max abs, at positions in the first
+    window, inside the source and past its end; the position as a 0-dim tensor gives the
+    same output."""
     from lavo_tasks.kernels.lavo.cross_step import cross_lavo_step
     from lavo_tasks.kernels.lavo.decode import lavo_source
     from lavo_tasks.kernels.lavo.torch_path import torch_lavo_cross_decode

@@ -9,7 +9,8 @@ from lavo_tasks import train
 from lavo_tasks.tasks.mqar.model import RecallModel
 from lavo_tasks.config import compose
 
-from test_mqar_data import TINY, TINY_ATTENTION, check_construction
+from compiled_step import assert_training_step_sync_free, module_and_first_batch, training_loss_and_output
+from test_mqar_data import TINY, TINY_ATTENTION, check_construction, tiny_cfg
 
 
 @pytest.mark.parametrize("variant,attention", [("self", "softmax"), ("cross", "lavo")])
@@ -40,3 +41,21 @@ def test_train_and_test_end_to_end(tmp_path, variant, attention):
     d_model = 16
     expected_state = 2 * 24 * d_model if attention == "softmax" else 4 * 2  # softmax KV cache; lavo NC: rank x heads
     assert metrics["test_state_size"] == expected_state
+
+
+@pytest.mark.parametrize("variant", ["self", "cross"])
+def test_training_loss_is_the_mean_nll_of_the_queried_positions(tmp_path, variant):
+    """training_step's loss (unqueried positions ignored by their target): the mean NLL of
+    the queried positions that `scored` picks out of the same logits with a mask."""
+    module, batch = module_and_first_batch(tiny_cfg(tmp_path, f"data.variant={variant}"))
+    loss, logits = training_loss_and_output(module, batch)
+    nll, _ = module.scored(logits, batch[1])
+    assert nll.numel() == 4 * 3  # data.batch_size sequences of data.num_queries queries
+    torch.testing.assert_close(loss, nll.mean())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["softmax", "lavo", "gsa"])
+def test_training_step_never_waits_for_the_gpu(tmp_path, attention):
+    assert_training_step_sync_free(tiny_cfg(tmp_path, f"attention={attention}", *TINY_ATTENTION[attention],
+                                            "data.variant=cross"))

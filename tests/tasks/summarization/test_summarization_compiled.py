@@ -4,7 +4,10 @@ each at most, the eager step's loss (tests/compiled_step.py)."""
 import pytest
 import torch
 
-from compiled_step import assert_few_graphs_and_eager_losses, assert_training_step_sync_free
+import torch.nn.functional as F
+
+from compiled_step import (assert_few_graphs_and_eager_losses, assert_training_step_sync_free, module_and_first_batch,
+                           training_loss_and_output)
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.summarization.data import collate
 from test_summarization_train import TINY, write_dataset
@@ -49,3 +52,16 @@ def test_training_step_never_waits_for_the_gpu(tmp_path, attention, cross_causal
     cfg = compose([*TINY, f"attention={attention}", *attention_args(attention, window=4, slots=4),
                    f"data.path={data}", f"run.dir={tmp_path / 'run'}", f"model.cross_causal={cross_causal}"])
     assert_training_step_sync_free(cfg)
+
+
+def test_loss_is_the_mean_over_the_real_target_tokens(tmp_path):
+    """training_step's loss (padding ignored by its target, label smoothing 0.1): the
+    cross-entropy of the target tokens a boolean mask picks out of the same logits."""
+    data = write_dataset(tmp_path / "data")
+    cfg = compose([*TINY, f"data.path={data}", f"run.dir={tmp_path / 'run'}", "loss.label_smoothing=0.1"])
+    module, batch = module_and_first_batch(cfg)
+    mask = batch["target_mask"]
+    assert not mask.all()  # the batch has padding
+    loss, logits = training_loss_and_output(module, batch)
+    want = F.cross_entropy(logits[mask].float(), batch["target"][mask], label_smoothing=0.1)
+    torch.testing.assert_close(loss, want)

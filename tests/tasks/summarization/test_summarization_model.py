@@ -99,20 +99,20 @@ def storage_bytes(state) -> int:
 
 
 @pytest.mark.parametrize("cross_causal", [True, False], ids=["CC", "NC"])
-@pytest.mark.parametrize("attention", ["softmax", "lavo", "gsa"])
+@pytest.mark.parametrize("attention", list(ATTENTIONS))
 def test_a_state_for_a_few_positions_keeps_only_the_source_they_read(attention, cross_causal):
-    """init_state(..., positions=5) over an 11-token source: decoding those 5 positions
-    gives the teacher-forcing logits; under CC the state keeps less than the whole source
-    (a source only as long as the positions: the same state as for the source cut there),
-    under NC it keeps all of it."""
+    """init_state(..., positions=9) over an 11-token source (row 1 padded from 7, so the cut
+    keeps some padding): decoding those 9 positions token by token gives the
+    teacher-forcing logits; under CC the state holds less than the whole source's, under
+    NC the same."""
     model = tiny_model(attention, cross_causal)
     source, mask = source_batch()
-    decoder_input = torch.randint(0, VOCAB, (3, 5))
+    decoder_input = torch.randint(0, VOCAB, (3, 9))
     with torch.no_grad():
         whole = model(source, decoder_input, mask)
-        state = step_state = model.init_state(source, mask, positions=5)
+        state = step_state = model.init_state(source, mask, positions=9)
         pieces = []
-        for t in range(5):
+        for t in range(9):
             logits, step_state = model.step(decoder_input[:, t : t + 1], step_state)
             pieces.append(logits)
         full = model.init_state(source, mask)
@@ -121,6 +121,33 @@ def test_a_state_for_a_few_positions_keeps_only_the_source_they_read(attention, 
         assert storage_bytes(state) < storage_bytes(full)
     else:
         assert storage_bytes(state) == storage_bytes(full)
+
+
+@pytest.mark.parametrize("attention", list(ATTENTIONS))
+def test_beam_search_from_a_state_for_its_positions_equals_the_whole_source(attention):
+    """The summarizer's CC beam search from init_state(positions=prefix + max_len) gives the
+    tokens and scores of the search from the whole source's state; a decode longer than
+    the positions is refused (max_positions)."""
+    model = tiny_model(attention)
+    source, mask = source_batch()
+    prefix = torch.full((3, 1), EOS)
+    options = dict(max_len=8, min_len=2, eos_id=EOS, pad_id=EOS, beam=3, no_repeat_ngram=2)
+    with torch.no_grad():
+        cut = generate(model.step, model.init_state(source, mask, positions=9), prefix, max_positions=9, **options)
+        whole = generate(model.step, model.init_state(source, mask), prefix, **options)
+        with pytest.raises(ValueError, match="max_len=9"):
+            generate(model.step, model.init_state(source, mask, positions=9), prefix, max_positions=9,
+                     **{**options, "max_len": 9})
+    assert torch.equal(cut.tokens, whole.tokens) and torch.equal(cut.lengths, whole.lengths)
+    torch.testing.assert_close(cut.scores, whole.scores)
+
+
+def test_positions_must_be_a_count():
+    model = tiny_model("lavo")
+    source, mask = source_batch()
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match=f"positions={bad!r}"):
+            model.init_state(source, mask, positions=bad)
 
 
 @pytest.mark.parametrize("attention", list(ATTENTIONS))

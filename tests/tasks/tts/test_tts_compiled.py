@@ -4,9 +4,12 @@ graph for every step, the eager step's loss (tests/compiled_step.py)."""
 import pytest
 import torch
 
-from compiled_step import assert_few_graphs_and_eager_losses, assert_training_step_sync_free
+import torch.nn.functional as F
+
+from compiled_step import assert_few_graphs_and_eager_losses, assert_training_step_sync_free, module_and_first_batch
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.tts.data import TTSDataModule, collate
+from lavo_tasks.tasks.tts.module import STOP_POSITIVE_WEIGHT
 from test_tts_train import TINY, dataset  # noqa: F401 (the fixture)
 from tiny import attention_args
 
@@ -45,3 +48,26 @@ def test_training_step_never_waits_for_the_gpu(dataset, tmp_path, attention):
     cfg = compose(["task=tts", f"attention={attention}", *attention_args(attention, window=8, slots=4),
                    f"data.path={dataset}", f"run.dir={tmp_path / 'run'}", *TINY])
     assert_training_step_sync_free(cfg)
+
+
+def test_stop_loss_is_the_weighted_mean_over_the_real_steps(dataset, tmp_path):
+    """The stop loss: binary cross-entropy with pos_weight STOP_POSITIVE_WEIGHT over the
+    real decoder steps a boolean mask picks out of the same stop logits (target 1 on each
+    utterance's last step)."""
+    cfg = compose(["task=tts", f"data.path={dataset}", f"run.dir={tmp_path / 'run'}", *TINY,
+                   "model.n_frames_per_step=1"])  # one frame a step: the utterances' steps differ
+    module, batch = module_and_first_batch(cfg)
+    outputs = []  # the prenet's dropout stays on: the logits of this very call
+    handle = module.model.register_forward_hook(lambda _module, _inputs, output: outputs.append(output))
+    with torch.no_grad():
+        got = module.losses(batch)["stop_loss"]
+    handle.remove()
+    stop = outputs[-1][2]
+    steps = -(-batch["mel_lengths"] // module.model.r)  # [B] real decoder steps
+    assert len(set(steps.tolist())) > 1  # rows of different lengths
+    index = torch.arange(stop.shape[1])
+    real = index < steps[:, None]
+    target = (index == steps[:, None] - 1).float()
+    want = F.binary_cross_entropy_with_logits(stop.float()[real], target[real],
+                                              pos_weight=torch.tensor(STOP_POSITIVE_WEIGHT))
+    torch.testing.assert_close(got, want)
