@@ -97,6 +97,17 @@ class TokenCount:
             handle.remove()
 
 
+def training_step(module, batch, optimizer, autocast) -> torch.Tensor:
+    """One step as a training run takes it, without Lightning's loop: the Module's
+    `training_step` under `autocast`, backward, the optimizer's step; the loss, detached."""
+    with autocast:
+        loss = module.training_step(batch, 0)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
 def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str = "off",
                         profile_path: Path | None = None) -> dict:
     """Samples/s, tokens/s, step ms, GPU ms and host syncs per step, peak GiB (CUDA) and
@@ -120,12 +131,7 @@ def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str
         compile_model(module.model, compile_mode)
 
     def step():
-        with autocast:
-            loss = module.training_step(batch, 0)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return training_step(module, batch, optimizer, autocast)
 
     with warnings.catch_warnings():  # the Module logs train_loss; no Trainer is here to take it
         warnings.filterwarnings("ignore", message=".*self.log.*")

@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import move_data_to_device
 from torch._dynamo.utils import counters
 
 from lavo_tasks import tasks
+from lavo_tasks.bench_e2e import training_step
 from lavo_tasks.config import validate
 
 
@@ -100,12 +101,7 @@ def assert_training_step_sync_free(cfg):
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=True)
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = module.training_step(batch, 0)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return training_step(module, batch, optimizer, torch.autocast("cuda", dtype=torch.bfloat16))
 
     with warnings.catch_warnings():  # the Module logs train_loss; no Trainer is here to take it
         warnings.filterwarnings("ignore", message=".*self.log.*")

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..common import tile_width
-from .recurrent import _ready
+from .recurrent import _ready, online_softmax_block
 from .state import LavoSource
 
 WINDOW_BLOCK = 64  # source positions per step of the loop over the window
@@ -68,12 +68,7 @@ def lavo_cross_step_kernel(
         kb, vb = kb.to(tl.float32), vb.to(tl.float32)
         bias = tl.load(RHO + h * W + back, mask=back < W, other=0.0)
         s = tl.where(ok, (scale * tl.sum(kb * q[None, :], 1) + bias) * 1.4426950408889634, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        alpha = tl.exp2(m_i - m_new)
-        pw = tl.exp2(s - m_new)
-        l_i = l_i * alpha + tl.sum(pw, 0)
-        acc = acc * alpha + tl.sum(pw[:, None] * vb, 0)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_block(m_i, l_i, acc, s, vb)
     tl.store(O + bh * D + dd, (acc / l_i).to(O.dtype.element_ty), mask=d_ok)
 
 

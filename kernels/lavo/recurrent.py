@@ -22,6 +22,17 @@ RING_BLOCK = 64  # buffer slots per step of the loop over the ring
 
 
 @triton.jit
+def online_softmax_block(m_i, l_i, acc, s, values):
+    """One block of a query's online softmax: logits s [N] (log2 units, -inf where left
+    out) and their values [N, D] folded into the running max m_i, sum l_i and weighted
+    sum acc [D]; returns the three updated."""
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new)
+    return m_new, l_i * alpha + tl.sum(p, 0), acc * alpha + tl.sum(p[:, None] * values, 0)
+
+
+@triton.jit
 def lavo_step_kernel(
     Q, K, V, BAS, RHO, MU, KEYS, VALUES, MEM, NEW_KEYS, NEW_VALUES, NEW_MEM, O,
     H, T, scale,
@@ -77,12 +88,7 @@ def lavo_step_kernel(
         vb = tl.where(ok[:, None], vb.to(tl.float32), 0.0)
         bias = tl.load(RHO + h * (RING + 1) + (t - position), mask=ok, other=0.0)
         s = tl.where(ok, (scale * tl.sum(kb * q[None, :], 1) + bias) * 1.4426950408889634, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        acc = acc * alpha + tl.sum(p[:, None] * vb, 0)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_block(m_i, l_i, acc, s, vb)
     tl.store(O + bh * D + dd, (acc / l_i).to(O.dtype.element_ty), mask=d_ok)
 
 
