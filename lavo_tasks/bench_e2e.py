@@ -97,6 +97,13 @@ class TokenCount:
             handle.remove()
 
 
+def module_and_first_batch(cfg):
+    """The task's Module (on the CPU) and its DataModule's first training batch."""
+    task = tasks.load_task(cfg.task)
+    datamodule = task.DataModule(cfg)
+    return task.Module(cfg, datamodule.spec()), next(iter(datamodule.train_dataloader()))
+
+
 def training_step(module, batch, optimizer, autocast) -> torch.Tensor:
     """One step as a training run takes it, without Lightning's loop: the Module's
     `training_step` under `autocast`, backward, the optimizer's step; the loss, detached."""
@@ -113,10 +120,8 @@ def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str
     """Samples/s, tokens/s, step ms, GPU ms and host syncs per step, peak GiB (CUDA) and
     loss of `steps` training steps of the task's Module on the first batch of its
     DataModule, after WARMUP_STEPS; `profile_path`: where the top kernels go."""
-    task = tasks.load_task(cfg.task)
-    datamodule = task.DataModule(cfg)
-    module = task.Module(cfg, datamodule.spec()).to(device)
-    batch = move_data_to_device(next(iter(datamodule.train_dataloader())), device)
+    module, batch = module_and_first_batch(cfg)
+    module, batch = module.to(device), move_data_to_device(batch, device)
     on_gpu = device.type == "cuda"
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=on_gpu)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu)

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import move_data_to_device
 from torch._dynamo.utils import counters
 
 from lavo_tasks import tasks
-from lavo_tasks.bench_e2e import training_step
+from lavo_tasks.bench_e2e import module_and_first_batch, training_step
 from lavo_tasks.config import validate
 
 
@@ -70,24 +70,22 @@ def assert_few_graphs_and_eager_losses(cfg, steps: int = 3, most: int = 1):
     return batches
 
 
-def module_and_first_batch(cfg):
-    """The task's Module (on the CPU, in eval mode: no dropout) and its DataModule's first
-    training batch."""
+def eval_module_and_first_batch(cfg):
+    """The task's Module on the CPU in eval mode (no dropout) and its first training batch."""
     validate(cfg)
-    task = tasks.load_task(cfg.task)
-    datamodule = task.DataModule(cfg)
-    return task.Module(cfg, datamodule.spec()).eval(), next(iter(datamodule.train_dataloader()))
+    module, batch = module_and_first_batch(cfg)
+    return module.eval(), batch
 
 
-def training_loss_and_output(module, batch):
-    """(training_step's loss, what the module's model returned in that step), no grad."""
+def with_model_output(module, call):
+    """(call()'s result, what the module's model returned during it), no grad."""
     seen = []
     handle = module.model.register_forward_hook(lambda _module, _inputs, output: seen.append(output))
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings():  # the Module logs train_loss; no Trainer is here
         warnings.filterwarnings("ignore", message=".*self.log.*")
-        loss = module.training_step(batch, 0)
+        result = call()
     handle.remove()
-    return loss, seen[-1]
+    return result, seen[-1]
 
 
 def assert_training_step_sync_free(cfg):
@@ -95,6 +93,7 @@ def assert_training_step_sync_free(cfg):
     autocast, backward, a fused AdamW step) on its DataModule's first batch never waits
     for the GPU: it runs under torch.cuda.set_sync_debug_mode("error"), after a warm-up
     step (Triton compiles, cached tables), and raises at the first synchronising call."""
+    validate(cfg)
     module, batch = module_and_first_batch(cfg)
     module = module.cuda().train()
     batch = move_data_to_device(batch, torch.device("cuda"))

@@ -9,7 +9,7 @@ from lavo_tasks import train
 from lavo_tasks.tasks.mqar.model import RecallModel
 from lavo_tasks.config import compose
 
-from compiled_step import assert_training_step_sync_free, module_and_first_batch, training_loss_and_output
+from compiled_step import assert_training_step_sync_free, eval_module_and_first_batch, with_model_output
 from test_mqar_data import TINY, TINY_ATTENTION, check_construction, tiny_cfg
 
 
@@ -47,8 +47,8 @@ def test_train_and_test_end_to_end(tmp_path, variant, attention):
 def test_training_loss_is_the_mean_nll_of_the_queried_positions(tmp_path, variant):
     """training_step's loss (unqueried positions ignored by their target): the mean NLL of
     the queried positions that `scored` picks out of the same logits with a mask."""
-    module, batch = module_and_first_batch(tiny_cfg(tmp_path, f"data.variant={variant}"))
-    loss, logits = training_loss_and_output(module, batch)
+    module, batch = eval_module_and_first_batch(tiny_cfg(tmp_path, f"data.variant={variant}"))
+    loss, logits = with_model_output(module, lambda: module.training_step(batch, 0))
     nll, _ = module.scored(logits, batch[1])
     assert nll.numel() == 4 * 3  # data.batch_size sequences of data.num_queries queries
     torch.testing.assert_close(loss, nll.mean())

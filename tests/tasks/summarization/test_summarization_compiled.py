@@ -6,8 +6,8 @@ import torch
 
 import torch.nn.functional as F
 
-from compiled_step import (assert_few_graphs_and_eager_losses, assert_training_step_sync_free, module_and_first_batch,
-                           training_loss_and_output)
+from compiled_step import (assert_few_graphs_and_eager_losses, assert_training_step_sync_free,
+                           eval_module_and_first_batch, with_model_output)
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.summarization.data import collate
 from test_summarization_train import TINY, write_dataset
@@ -59,9 +59,9 @@ def test_loss_is_the_mean_over_the_real_target_tokens(tmp_path):
     cross-entropy of the target tokens a boolean mask picks out of the same logits."""
     data = write_dataset(tmp_path / "data")
     cfg = compose([*TINY, f"data.path={data}", f"run.dir={tmp_path / 'run'}", "loss.label_smoothing=0.1"])
-    module, batch = module_and_first_batch(cfg)
+    module, batch = eval_module_and_first_batch(cfg)
     mask = batch["target_mask"]
     assert not mask.all()  # the batch has padding
-    loss, logits = training_loss_and_output(module, batch)
+    loss, logits = with_model_output(module, lambda: module.training_step(batch, 0))
     want = F.cross_entropy(logits[mask].float(), batch["target"][mask], label_smoothing=0.1)
     torch.testing.assert_close(loss, want)

@@ -4,8 +4,8 @@ the length and n-gram rules, for every attention."""
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from lavo_tasks.bench_decode import state_bytes
 from lavo_tasks.config import attention_defaults
 from lavo_tasks.generation import generate
 from lavo_tasks.tasks.summarization.model import Summarizer
@@ -80,24 +80,6 @@ def test_decode_states_give_the_teacher_forcing_logits(attention, cross_causal):
     torch.testing.assert_close(torch.cat(pieces, dim=1), whole, atol=2e-4, rtol=2e-4)
 
 
-def storage_bytes(state) -> int:
-    """Bytes of the distinct storages of the tensors in a nested state."""
-    storages = {}
-
-    def visit(part):
-        if isinstance(part, torch.Tensor):
-            storages[part.untyped_storage().data_ptr()] = part.untyped_storage().nbytes()
-        elif isinstance(part, (tuple, list)):
-            for p in part:
-                visit(p)
-        elif isinstance(part, dict):
-            for p in part.values():
-                visit(p)
-
-    visit(state)
-    return sum(storages.values())
-
-
 @pytest.mark.parametrize("cross_causal", [True, False], ids=["CC", "NC"])
 @pytest.mark.parametrize("attention", list(ATTENTIONS))
 def test_a_state_for_a_few_positions_keeps_only_the_source_they_read(attention, cross_causal):
@@ -118,9 +100,9 @@ def test_a_state_for_a_few_positions_keeps_only_the_source_they_read(attention, 
         full = model.init_state(source, mask)
     torch.testing.assert_close(torch.cat(pieces, dim=1), whole, atol=2e-4, rtol=2e-4)
     if cross_causal:
-        assert storage_bytes(state) < storage_bytes(full)
+        assert state_bytes(state) < state_bytes(full)
     else:
-        assert storage_bytes(state) == storage_bytes(full)
+        assert state_bytes(state) == state_bytes(full)
 
 
 @pytest.mark.parametrize("attention", ["softmax-alibi", "lavo", "gsa"])  # the cut per attention: the test above

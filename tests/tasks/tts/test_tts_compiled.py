@@ -6,7 +6,8 @@ import torch
 
 import torch.nn.functional as F
 
-from compiled_step import assert_few_graphs_and_eager_losses, assert_training_step_sync_free, module_and_first_batch
+from compiled_step import (assert_few_graphs_and_eager_losses, assert_training_step_sync_free,
+                           eval_module_and_first_batch, with_model_output)
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.tts.data import TTSDataModule, collate
 from lavo_tasks.tasks.tts.module import STOP_POSITIVE_WEIGHT
@@ -56,13 +57,9 @@ def test_stop_loss_is_the_weighted_mean_over_the_real_steps(dataset, tmp_path):
     utterance's last step)."""
     cfg = compose(["task=tts", f"data.path={dataset}", f"run.dir={tmp_path / 'run'}", *TINY,
                    "model.n_frames_per_step=1"])  # one frame a step: the utterances' steps differ
-    module, batch = module_and_first_batch(cfg)
-    outputs = []  # the prenet's dropout stays on: the logits of this very call
-    handle = module.model.register_forward_hook(lambda _module, _inputs, output: outputs.append(output))
-    with torch.no_grad():
-        got = module.losses(batch)["stop_loss"]
-    handle.remove()
-    stop = outputs[-1][2]
+    module, batch = eval_module_and_first_batch(cfg)
+    # the prenet's dropout stays on in eval mode: the stop logits of this very call
+    got, (_, _, stop) = with_model_output(module, lambda: module.losses(batch)["stop_loss"])
     steps = -(-batch["mel_lengths"] // module.model.r)  # [B] real decoder steps
     assert len(set(steps.tolist())) > 1  # rows of different lengths
     index = torch.arange(stop.shape[1])
