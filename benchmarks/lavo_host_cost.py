@@ -15,6 +15,10 @@ chunk tables, casts, copies, allocations. Per forward+backward it reports
   time is the closer measure of the Python and dispatch cost;
 - aten ops: the operators dispatched (a TorchDispatchMode that counts each call,
   custom operators' insides included); on a GPU each costs ~5-10 µs of host time;
+- kernel ops: those of the aten ops that run a kernel on a GPU (not an allocation, a
+  view or a detach, NO_KERNEL; an op run from Python decomposes into its parts where one
+  run inside a custom operator's body does not, so the totals of two versions compare
+  best here);
 - launches: the Triton kernel launches (~10-20 µs of host time each on a GPU).
 
 Shapes: the kernel benchmark's (`lavo_tasks.bench`): bf16, 16 heads of 64, rank 64,
@@ -46,6 +50,14 @@ CASES = {  # name -> (causal, cross, batch, n, m, masked, segments)
     "NC-mask": (False, True, 8, 512, 1024, True, 1),
     "NC-seg4": (False, True, 8, 512, 1024, True, 4),
 }
+
+
+# aten ops that launch no GPU kernel: allocations, views, detach
+NO_KERNEL = frozenset(f"aten.{name}" for name in (
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "view", "_unsafe_view",
+    "reshape", "expand", "select", "slice", "unsqueeze", "squeeze", "as_strided", "alias", "t", "transpose",
+    "permute", "split", "unbind", "_reshape_alias", "lift_fresh",
+))
 
 
 class OpCounter(TorchDispatchMode):
@@ -136,7 +148,7 @@ def host_ms(fwd_bwd, calls):
 
 
 def measure(name, calls):
-    """{case, host_ms, small_ms, aten_ops, launches, ops (Counter), kernels (Counter)}."""
+    """{case, host_ms, small_ms, aten_ops, kernel_ops, launches, ops (Counter), kernels (Counter)}."""
     fwd_bwd = make_case(name)
     with NoLaunch() as counted:
         full = host_ms(fwd_bwd, calls)
@@ -144,9 +156,10 @@ def measure(name, calls):
         counted.launches.clear()
         with OpCounter() as ops:
             fwd_bwd()
-    aten = sum(count for op, count in ops.ops.items() if op.startswith("aten."))
-    return dict(case=name, host_ms=full, small_ms=small, aten_ops=aten, launches=sum(counted.launches.values()),
-                ops=ops.ops, kernels=counted.launches)
+    aten = {op: count for op, count in ops.ops.items() if op.startswith("aten.")}
+    return dict(case=name, host_ms=full, small_ms=small, aten_ops=sum(aten.values()),
+                kernel_ops=sum(count for op, count in aten.items() if op not in NO_KERNEL),
+                launches=sum(counted.launches.values()), ops=ops.ops, kernels=counted.launches)
 
 
 def main(argv=None):
@@ -156,11 +169,12 @@ def main(argv=None):
     parser.add_argument("--ops", action="store_true", help="list each case's operators and kernels")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    print("| case | host ms | host ms, small | aten ops | Triton launches |")
-    print("|---|---|---|---|---|")
+    print("| case | host ms | host ms, small | aten ops | kernel ops | Triton launches |")
+    print("|---|---|---|---|---|---|")
     results = [measure(name, args.calls) for name in args.cases.split(",")]
     for r in results:
-        print(f"| {r['case']} | {r['host_ms']:.2f} | {r['small_ms']:.2f} | {r['aten_ops']} | {r['launches']} |")
+        print(f"| {r['case']} | {r['host_ms']:.2f} | {r['small_ms']:.2f} | {r['aten_ops']} | {r['kernel_ops']} "
+              f"| {r['launches']} |")
     if args.ops:
         for r in results:
             print(f"\n{r['case']}: " + ", ".join(f"{op} x{n}" for op, n in r["ops"].most_common()))
