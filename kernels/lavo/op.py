@@ -14,6 +14,7 @@ plain tensor ops and needs no operator.
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .chunk import Saved, lavo_chunk_backward, lavo_chunk_forward, saved_shapes
 
@@ -88,8 +89,36 @@ def _backward(ctx, do, *_):
 torch.library.register_autograd("lavo_tasks::lavo_chunk_fwd", _backward, setup_context=_setup_context)
 
 
+class _EagerChunk(torch.autograd.Function):
+    """The forward and backward ops' bodies under one autograd.Function, for calls that
+    are not being compiled: the same passes and saved tensors as the operators'
+    registered autograd, without the custom-operator machinery around them (two
+    dispatcher round trips per pass and torch's `fill_defaults` over the forward's
+    schema, ~0.2 ms of host time per forward+backward on a CPU, over a third of what
+    remains: benchmarks/lavo_host_cost.py)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, *options):
+        o, lse, saved = lavo_chunk_forward(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, *options)
+        ctx.save_for_backward(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, o, lse, *saved)
+        ctx.options = options  # window, causal, cross, segments, scale, chunk
+        return o
+
+    @staticmethod
+    @once_differentiable  # the backward kernels have no backward of their own
+    def backward(ctx, do):
+        q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, o, lse, *saved = ctx.saved_tensors
+        grads = lavo_chunk_backward(do, q, k, v, o, lse, Saved(*saved), basis, rel_bias, mem_bias, kv_mask, cu_seqlens,
+                                    *ctx.options)
+        return *grads, *_NO_GRADS
+
+
 def lavo_chunk_op(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, scale,
                   chunk):
-    """o [B, T, H, d] of the forward op, differentiable through the backward op."""
-    return lavo_chunk_fwd(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments,
-                          scale, chunk)[0]
+    """o [B, T, H, d] of the forward pass, differentiable through the backward pass: the
+    custom operators while torch.compile traces (one graph node each, no graph break),
+    `_EagerChunk` otherwise."""
+    args = (q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, scale, chunk)
+    if torch.compiler.is_compiling():
+        return lavo_chunk_fwd(*args)[0]
+    return _EagerChunk.apply(*args)
