@@ -21,8 +21,8 @@ chunk tables, casts, copies, allocations. Per forward+backward it reports
   best here);
 - launches: the Triton kernel launches (~10-20 µs of host time each on a GPU).
 
-Shapes: the kernel benchmark's (`lavo_tasks.bench`): bf16, 16 heads of 64, rank 64,
-window 128; cross patterns 512 targets over a 1,024 source, batch 8; self patterns
+Shapes: the kernel benchmark's (`lavo_tasks.bench`): bf16 q, k, v, 16 heads of 64,
+rank 64, window 128 (the parameters as the lavo block passes them); cross patterns 512 targets over a 1,024 source, batch 8; self patterns
 T = 1,024, batch 8. NC-mask adds a kv_mask with padding at the end of each source (the
 summarizer's cross-attention), NC-seg4 four segments with that mask.
 """
@@ -111,9 +111,10 @@ def make_case(name, small=False):
     bf16 = dict(dtype=torch.bfloat16)
     q = torch.randn(batch, n, HEADS, DIM, generator=g).to(**bf16).requires_grad_()
     k, v = (torch.randn(batch, m, HEADS, DIM, generator=g).to(**bf16).requires_grad_() for _ in range(2))
-    basis = torch.linalg.qr(torch.randn(HEADS, DIM, RANK, generator=g))[0].transpose(1, 2)
-    basis = basis.contiguous().to(**bf16).requires_grad_()
-    mem_bias = torch.zeros((HEADS, segments) if segments > 1 else (HEADS,), requires_grad=True)
+    # as the lavo block passes them: an fp32 basis, a transposed view [H, r, d] (the
+    # learned basis's form), fp32 biases, the memory bias [H, S] in NC
+    basis = torch.linalg.qr(torch.randn(HEADS, DIM, RANK, generator=g))[0].contiguous().requires_grad_()  # [H, d, r]
+    mem_bias = torch.zeros((HEADS, segments) if cross and not causal else (HEADS,), requires_grad=True)
     rel_bias = None
     if (causal, cross) != (False, True):  # NC has no window
         rel_bias = torch.zeros(HEADS, WINDOW + (0 if causal else 1), requires_grad=True)
@@ -127,7 +128,7 @@ def make_case(name, small=False):
     def fwd_bwd():
         for x in leaves:
             x.grad = None
-        o = lavo_attn(q, k, v, basis, rel_bias, mem_bias, window=WINDOW, causal=causal, cross=cross,
+        o = lavo_attn(q, k, v, basis.transpose(1, 2), rel_bias, mem_bias, window=WINDOW, causal=causal, cross=cross,
                       segments=segments, kv_mask=kv_mask, backend="triton")
         o.backward(upstream)
 
