@@ -75,10 +75,13 @@ def lavo_chunked(
         return torch.zeros_like(q)
     # the kernels read q, k, v as one dtype; the ops take contiguous tensors (a strided
     # view such as the learned basis, a transposed slice, would otherwise reach the
-    # backward op in whatever layout the compiler chose for it)
+    # backward op in whatever layout the compiler chose for it), except a basis in
+    # another dtype than q's: the forward casts it into a contiguous copy, which the
+    # backward reuses (a copy here would be a second one)
     k, v = (x if x.dtype == q.dtype else x.to(q.dtype) for x in (k, v))
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    basis, mem_bias = basis.contiguous(), mem_bias.contiguous()
+    basis = basis.contiguous() if basis.dtype == q.dtype else basis
+    mem_bias = mem_bias.contiguous()
     rel_bias = rel_bias.contiguous() if rel_bias is not None else None
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     from .op import lavo_chunk_op  # (op.py registers the custom operators around this module's passes)
@@ -112,6 +115,7 @@ class _Layout:
             krows += [(q0, ns, k0, ms, c) for c in range(nkc)]
         as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=device).reshape(len(x), -1)
         self.qchunks, self.kchunks, self.seqs = as_tensor(qrows), as_tensor(krows), as_tensor(spans)
+        self.nq, self.nk = len(qrows), len(krows)  # the chunk counts as ints (len of a tensor goes through Python)
         self.noncausal = noncausal
         self.longest = max((max(nqc, nkc) for _, nqc, _, nkc in spans), default=0)
         self.qseq = torch.tensor(qseq, dtype=torch.long, device=device)
@@ -267,30 +271,36 @@ class _Prepared(NamedTuple):
 class Saved(NamedTuple):
     """The forward's tables that its op returns besides o and lse, for the backward to
     read instead of building them again: `pre`, the value sums before each query chunk
-    [query chunk rows, S, H, d] fp32 (two launches), and the tables made from the data
-    (`cnt`, `segid` of a kv_mask; `tiles` of rel_bias). A table that the backward finds
-    without work (a per-shape cache, a placeholder) or that depends on cu_seqlens's
-    values is an empty [0] tensor here. Its shapes: `saved_shapes`."""
+    [query chunk rows, S, H, d] fp32 (two launches), the tables made from the data
+    (`cnt`, `segid` of a kv_mask; `tiles` of rel_bias) and `bas`, the basis cast to the
+    inputs' dtype. One that the backward finds without work (a per-shape cache, a
+    placeholder, the basis in its dtype already) or that depends on cu_seqlens's values
+    is an empty [0] tensor here. Their shapes: `saved_shapes`."""
 
     pre: torch.Tensor
     cnt: torch.Tensor
     segid: torch.Tensor
     tiles: torch.Tensor
+    bas: torch.Tensor
 
 
-def saved_shapes(batch, n, m, heads, d, window, causal, cross, segments, chunk, has_mask, sequences):
-    """The (shape, dtype) of each of `Saved`'s tensors, from the arguments' shapes alone
-    (the op's fake implementation; symbolic sizes too). sequences: None, or the number of
-    packed sequences (cu_seqlens's length - 1)."""
+def saved_shapes(q, k, basis, kv_mask, cu_seqlens, window, causal, cross, segments, chunk):
+    """The (shape, dtype) of each of `Saved`'s tensors, from the arguments' shapes and
+    dtypes alone (fake tensors and symbolic sizes too: the op's fake implementation)."""
+    batch, n, heads, d = q.shape
+    m = k.shape[1]
     query_chunks = -(-n // chunk)
+    packed = cu_seqlens is not None
     # packed sequences: at most one partial chunk per sequence past the whole ones
-    pre_rows = batch * query_chunks if sequences is None else query_chunks + sequences
-    keeps_cnt, keeps_segid = _saved_tables(causal, has_mask, sequences is not None, segments)
+    pre_rows = query_chunks + cu_seqlens.shape[0] - 1 if packed else batch * query_chunks
+    keeps_cnt, keeps_segid = _saved_tables(causal, kv_mask is not None, packed, segments)
     cnt = ((batch * m,) if causal else (batch * query_chunks, segments)) if keeps_cnt else (0,)
     tiles = (heads * _window_blocks(window, chunk, not causal, cross)[1], chunk, chunk) if not cross else (0,)
     f32 = torch.float32
-    return Saved(((pre_rows, segments, heads, d), f32), (cnt, f32), (((batch * m,) if keeps_segid else (0,)), torch.int32),
-                 (tiles, f32))
+    return Saved(
+        ((pre_rows, segments, heads, d), f32), (cnt, f32), ((batch * m,) if keeps_segid else (0,), torch.int32),
+        (tiles, f32), (tuple(basis.shape) if basis.dtype != q.dtype else (0,), q.dtype),
+    )
 
 
 def _saved_tables(causal, has_mask, packed, segments):
@@ -315,7 +325,10 @@ def _prepare(q, k, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causa
     else:
         layout = _batched_layout(batch, n, m, chunk, noncausal, q.device)
     # the memory products take the basis in the inputs' dtype (fp32 accumulation)
-    bas = (basis if basis.dtype == q.dtype else basis.to(q.dtype)).contiguous()
+    if basis.dtype == q.dtype:
+        bas = basis.contiguous()
+    else:
+        bas = saved.bas if saved is not None else basis.to(q.dtype, memory_format=torch.contiguous_format)
     # NC has no window and may come without rel_bias: a placeholder the kernels never read
     if rel_bias is None:
         rho = torch.empty(heads, 1, dtype=torch.float32, device=q.device)
@@ -360,11 +373,10 @@ def lavo_chunk_forward(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, 
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # (no copy: the caller's are)
     p = _prepare(q, k, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, chunk)
     layout = p.layout
-    shapes = saved_shapes(batch, n, k.shape[1], heads, d, window, causal, cross, segments, chunk, kv_mask is not None,
-                          None if cu_seqlens is None else len(cu_seqlens) - 1)
+    shapes = saved_shapes(q, k, basis, kv_mask, cu_seqlens, window, causal, cross, segments, chunk)
     f32 = dict(dtype=torch.float32, device=q.device)
-    sums = torch.empty(len(layout.kchunks), segments, heads, d, **f32)
-    chunk_value_sums_kernel[(len(layout.kchunks), heads)](
+    sums = torch.empty(layout.nk, segments, heads, d, **f32)
+    chunk_value_sums_kernel[(layout.nk, heads)](
         v, p.kvm, p.segid, sums, *layout.kargs, heads, D=d, BD=p.meta["BD"], C=chunk, SEG=segments,
         HAS_MASK=p.meta["HAS_MASK"], BATCHED=layout.batched,
     )
@@ -372,13 +384,13 @@ def lavo_chunk_forward(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, 
     chunk_range_sums(sums, layout.seqs, pre, layout.longest, suffix=False, total=layout.noncausal)
     o = torch.empty_like(q)
     lse = torch.empty(batch * n, heads, **f32)
-    lavo_fwd_kernel[(len(layout.qchunks), heads)](
+    lavo_fwd_kernel[(layout.nq, heads)](
         q, k, v, p.bas, p.rho, p.tables, p.mu, pre, p.cnt, p.kvm, o, lse, *layout.qargs,
         heads, p.rho.shape[1], scale, R=basis.shape[1], SEG=segments, BATCHED=layout.batched,
         **_pick(p.meta, _FWD_META), **LAUNCH["fwd"],
     )
     kept = [x if shape != (0,) else torch.empty(0, dtype=dtype, device=q.device)
-            for x, (shape, dtype) in zip((p.cnt, p.segid, p.tables), shapes[1:])]
+            for x, (shape, dtype) in zip((p.cnt, p.segid, p.tables, p.bas), shapes[1:])]
     return o, lse, Saved(pre, *kept)
 
 
@@ -393,7 +405,7 @@ def lavo_chunk_backward(do, q, k, v, o, lse, saved, basis, rel_bias, mem_bias, k
     layout, meta = p.layout, p.meta
     n, heads, d = q.shape[1:]
     m, rank = k.shape[1], basis.shape[1]
-    nq = len(layout.qchunks)
+    nq = layout.nq
     groups = -(-nq // DQ_GROUP)
     f32 = dict(dtype=torch.float32, device=q.device)
     nrb = meta["NRB"]
@@ -420,14 +432,14 @@ def lavo_chunk_backward(do, q, k, v, o, lse, saved, basis, rel_bias, mem_bias, k
         )
     # the window's bias gradient, added by atomics (NC has no window: nothing to add)
     drho = torch.zeros_like(p.rho) if rel_bias is not None else p.rho
-    suf = torch.empty(len(layout.kchunks), segments, heads, d, **f32)
+    suf = torch.empty(layout.nk, segments, heads, d, **f32)
     chunk_range_sums(wsum, layout.seqs, suf, layout.longest, suffix=True, total=layout.noncausal)
     # CC, target longer than the source: query blocks past the source (a power of 2,
     # so that few lengths compile their own kernel)
     tail = _next_pow2(-(-(n - m) // meta["C"]) + 1) if n > m and meta["NKB"] else 0
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    lavo_dkv_kernel[(len(layout.kchunks), heads)](
+    lavo_dkv_kernel[(layout.nk, heads)](
         q, k, v, do, lse, delta, p.rho, p.tables, p.kvm, p.segid, *layout.kargs, dvl, suf, dq_mem, drho, dk, dv,
         heads, p.rho.shape[1], scale, TAIL=tail, SEG=segments, BATCHED=layout.batched, **_pick(meta, _DKV_META),
         **LAUNCH["dkv"],

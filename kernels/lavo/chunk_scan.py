@@ -101,7 +101,7 @@ def chunk_range_sums(totals, seqs, out, longest, *, suffix, total):
     width = math.prod(totals.shape[1:])
     tiles = -(-longest // SCAN_ROWS)
     tiles = 1 << (tiles - 1).bit_length() if tiles else 0  # a power of 2 (triton.next_power_of_2, no wrapper)
-    chunk_range_sums_kernel[(len(seqs), -(-width // SCAN_COLS))](
+    chunk_range_sums_kernel[(seqs.shape[0], -(-width // SCAN_COLS))](
         totals.contiguous(), out, seqs, width, TILES=tiles, TB=SCAN_ROWS, BW=SCAN_COLS, SUFFIX=suffix, TOTAL=total,
         num_warps=4,
     )

@@ -2,8 +2,8 @@
 single nodes (no graph break: Dynamo never looks inside the launches and host-side chunk
 tables) and CUDA graphs can capture them.
 
-`lavo_tasks::lavo_chunk_fwd` returns (o, lse, pre, cnt, segid, tiles): the output, the
-log-sum-exp and the tables the backward reads (chunk.Saved: an operator returns tensors
+`lavo_tasks::lavo_chunk_fwd` returns (o, lse, pre, cnt, segid, tiles, bas): the output,
+the log-sum-exp and the tables the backward reads (chunk.Saved: an operator returns tensors
 only, so they travel as outputs, not differentiable, saved by the autograd context);
 `lavo_tasks::lavo_chunk_bwd` the gradients of the forward's inputs. Each has a
 fake-tensor implementation (the output shapes from the input shapes alone), and the
@@ -23,8 +23,8 @@ from .chunk import Saved, lavo_chunk_backward, lavo_chunk_forward, saved_shapes
 def lavo_chunk_fwd(q: Tensor, k: Tensor, v: Tensor, basis: Tensor, rel_bias: Tensor | None, mem_bias: Tensor,
                    kv_mask: Tensor | None, cu_seqlens: Tensor | None, window: int, causal: bool, cross: bool,
                    segments: int, scale: float,
-                   chunk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """-> (o [B, T, H, d] in q's dtype, lse [B*T, H] fp32, pre, cnt, segid, tiles)."""
+                   chunk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """-> (o [B, T, H, d] in q's dtype, lse [B*T, H] fp32, pre, cnt, segid, tiles, bas)."""
     o, lse, saved = lavo_chunk_forward(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross,
                                        segments, scale, chunk)
     return o, lse, *saved
@@ -32,30 +32,29 @@ def lavo_chunk_fwd(q: Tensor, k: Tensor, v: Tensor, basis: Tensor, rel_bias: Ten
 
 @lavo_chunk_fwd.register_fake
 def _(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, scale, chunk):
-    batch, n, heads, d = q.shape
-    shapes = saved_shapes(batch, n, k.shape[1], heads, d, window, causal, cross, segments, chunk, kv_mask is not None,
-                          None if cu_seqlens is None else cu_seqlens.shape[0] - 1)
+    batch, n, heads, _ = q.shape
+    shapes = saved_shapes(q, k, basis, kv_mask, cu_seqlens, window, causal, cross, segments, chunk)
     saved = (q.new_empty(shape, dtype=dtype) for shape, dtype in shapes)
     return _new(q), q.new_empty(batch * n, heads, dtype=torch.float32), *saved
 
 
 @torch.library.custom_op("lavo_tasks::lavo_chunk_bwd", mutates_args=())
 def lavo_chunk_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, pre: Tensor, cnt: Tensor,
-                   segid: Tensor, tiles: Tensor, basis: Tensor, rel_bias: Tensor | None, mem_bias: Tensor,
+                   segid: Tensor, tiles: Tensor, bas: Tensor, basis: Tensor, rel_bias: Tensor | None, mem_bias: Tensor,
                    kv_mask: Tensor | None, cu_seqlens: Tensor | None, window: int, causal: bool, cross: bool,
                    segments: int, scale: float,
                    chunk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """-> (dq, dk, dv, dbasis, drel_bias, dmem_bias); drel_bias is empty [0] when rel_bias
     is None (an operator returns tensors only). Every one is new and contiguous."""
     dq, dk, dv, dbasis, drel, dmu = lavo_chunk_backward(
-        do, q, k, v, o, lse, Saved(pre, cnt, segid, tiles), basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window,
+        do, q, k, v, o, lse, Saved(pre, cnt, segid, tiles, bas), basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window,
         causal, cross, segments, scale, chunk,
     )
     return dq, dk, dv, dbasis, (drel if drel is not None else q.new_empty(0)), dmu
 
 
 @lavo_chunk_bwd.register_fake
-def _(do, q, k, v, o, lse, pre, cnt, segid, tiles, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal,
+def _(do, q, k, v, o, lse, pre, cnt, segid, tiles, bas, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal,
       cross, segments, scale, chunk):
     drel = _new(rel_bias) if rel_bias is not None else q.new_empty(0)
     return (_new(q), _new(k), _new(v), _new(basis), drel,
