@@ -8,8 +8,10 @@ only, so they travel as outputs, not differentiable, saved by the autograd conte
 `lavo_tasks::lavo_chunk_bwd` the gradients of the forward's inputs. Each has a
 fake-tensor implementation (the output shapes from the input shapes alone), and the
 forward's autograd runs the backward op. Both run whatever device the inputs are on: the
-kernels on CUDA, or Triton's interpreter on the CPU (the tests). The PyTorch path is
-plain tensor ops and needs no operator.
+kernels on CUDA, or Triton's interpreter on the CPU (the tests). Eager calls run the
+same two passes under a plain autograd.Function instead (`lavo_chunk_op`), which costs
+less host time than the operators' dispatch. The PyTorch path is plain tensor ops and
+needs no operator.
 """
 
 import torch
