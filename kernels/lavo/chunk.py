@@ -19,7 +19,6 @@ import math
 from typing import NamedTuple
 
 import torch
-import triton
 
 from ..common import KERNEL_DTYPES, MIN_DOT, tile_width
 from .chunk_bwd import lavo_delta_kernel, lavo_dkv_kernel, lavo_mem_bwd_kernel, lavo_mem_sums_kernel
@@ -76,9 +75,13 @@ def lavo_chunked(
         return torch.zeros_like(q)
     # the kernels read q, k, v as one dtype; the ops take contiguous tensors (a strided
     # view such as the learned basis, a transposed slice, would otherwise reach the
-    # backward op in whatever layout the compiler chose for it)
-    q, k, v = q.contiguous(), k.to(q.dtype).contiguous(), v.to(q.dtype).contiguous()
-    basis, mem_bias = basis.contiguous(), mem_bias.contiguous()
+    # backward op in whatever layout the compiler chose for it), except a basis in
+    # another dtype than q's: the forward casts it into a contiguous copy, which the
+    # backward reuses (a copy here would be a second one)
+    k, v = (x if x.dtype == q.dtype else x.to(q.dtype) for x in (k, v))
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    basis = basis.contiguous() if basis.dtype == q.dtype else basis
+    mem_bias = mem_bias.contiguous()
     rel_bias = rel_bias.contiguous() if rel_bias is not None else None
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     from .op import lavo_chunk_op  # (op.py registers the custom operators around this module's passes)
@@ -112,6 +115,7 @@ class _Layout:
             krows += [(q0, ns, k0, ms, c) for c in range(nkc)]
         as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=device).reshape(len(x), -1)
         self.qchunks, self.kchunks, self.seqs = as_tensor(qrows), as_tensor(krows), as_tensor(spans)
+        self.nq, self.nk = len(qrows), len(krows)  # the chunk counts as ints (len of a tensor goes through Python)
         self.noncausal = noncausal
         self.longest = max((max(nqc, nkc) for _, nqc, _, nkc in spans), default=0)
         self.qseq = torch.tensor(qseq, dtype=torch.long, device=device)
@@ -127,20 +131,6 @@ class _Layout:
 def _batched_layout(batch, n, m, chunk, noncausal, device):
     """The layout of equal-length sequences, built once per shape (host work off the hot path)."""
     return _Layout(batch, n, m, None, chunk, noncausal, device)
-
-
-def _prefix_sums(sums, layout):
-    """Per query chunk, the sum of the key-chunk totals `sums` [key chunks, ...] before it
-    (all of them, noncausal) -> [query chunks, ...] fp32."""
-    out_rows = len(layout.qchunks)
-    return chunk_range_sums(sums, layout.seqs, out_rows, layout.longest, suffix=False, total=layout.noncausal)
-
-
-def _suffix_sums(wsum, layout):
-    """Per key chunk, the sum of the query-chunk totals `wsum` [query chunks, ...] after it
-    (all of them, noncausal) -> [key chunks, ...] fp32."""
-    out_rows = len(layout.kchunks)
-    return chunk_range_sums(wsum, layout.seqs, out_rows, layout.longest, suffix=True, total=layout.noncausal)
 
 
 def _valid_counts(valid, cu_seqlens):
@@ -175,6 +165,27 @@ def _segment_tables(valid, cu_seqlens, layout, segments):
     return segment.to(torch.int32), counts.view(-1, segments)[layout.qseq].contiguous()
 
 
+def _masked_segment_tables(kv_mask, segments, chunks_per_seq):
+    """`_segment_tables` of equal-length sequences with a kv_mask [B, m] (bool), from the
+    valid counts alone: the k-th valid key (from 0) of a row with N valid keys is in
+    segment floor(k S / N), so segment s holds ceil((s + 1) N / S) - ceil(s N / S) of
+    them. -> (each key row's segment [B * m] int32, or None with one segment (every key
+    in it); each query chunk's per-segment counts [B * chunks_per_seq, S] fp32). No
+    value is read back on the host."""
+    batch = kv_mask.shape[0]
+    if segments == 1:
+        counts = kv_mask.sum(1, keepdim=True, dtype=torch.float32)  # [B, 1]
+        return None, counts.expand(batch, chunks_per_seq).reshape(-1, 1).contiguous()  # (a view with stride 0 at B = 1)
+    so_far = kv_mask.cumsum(1)  # [B, m] int64: valid keys up to and including each
+    n_valid = so_far[:, -1:]  # [B, 1]
+    segid = ((so_far - 1).clamp_(min=0) * segments).div_(n_valid.clamp(min=1), rounding_mode="floor")
+    edges = torch.arange(segments + 1, device=kv_mask.device) * n_valid  # [B, S + 1]: s N
+    edges = (edges + (segments - 1)).div_(segments, rounding_mode="floor")  # ceil(s N / S)
+    counts = (edges[:, 1:] - edges[:, :-1]).float()  # [B, S]
+    counts = counts[:, None, :].expand(batch, chunks_per_seq, segments).reshape(-1, segments).contiguous()
+    return segid.to(torch.int32).view(-1), counts
+
+
 @functools.lru_cache(maxsize=64)
 def _unmasked_segment_tables(batch, n, m, chunk, segments, device):
     """`_segment_tables` of equal-length sequences without a mask, built once per shape:
@@ -184,18 +195,14 @@ def _unmasked_segment_tables(batch, n, m, chunk, segments, device):
     return _segment_tables(torch.ones(batch, m, dtype=torch.bool, device=device), None, layout, segments)
 
 
-def _compile_args(q, rank, chunk, noncausal, window, kv_mask, cross):
-    """The kernels' compile-time arguments."""
-    d = q.shape[-1]
-    rank_block = min(tile_width(rank), RANK_BLOCK)
+def _window_blocks(window, chunk, noncausal, cross):
+    """(KB0, NKB, NQB, QB0, HALF) of the window loops (`_compile_args`)."""
     half = window // 2 if noncausal else 0
     # key blocks a query chunk's windows touch (NKB) and query blocks a key chunk's keys
     # are seen by (NQB), the same count; CC chunks past the source see the last w keys,
     # which touch at most as many blocks as an aligned causal window. Self-attention: KB0
     # of a query chunk's key blocks come before it, the key chunk's queries start QB0
-    # chunks before it (0 causal), and the lower triangle of its last query chunk lies in
-    # the window (LAST) exactly when (w - 1) % C == 0 (causal) or HALF % C == 0
-    # (noncausal) (chunk_bwd._dkv_table)
+    # chunks before it (0 causal)
     if noncausal:
         kb0 = -(-half // chunk)
         nkb = nqb = 0 if cross else 2 * kb0 + 1
@@ -205,14 +212,23 @@ def _compile_args(q, rank, chunk, noncausal, window, kv_mask, cross):
         nkb = kb0 + 1
         nqb = (window + chunk - 2) // chunk + 1
         qb0 = 0
-    bias_entries = window + 1 if noncausal else window
     assert nqb == nkb, (nqb, nkb)  # dkv's query chunk b uses the forward's bias tile NKB - 1 - b
+    return kb0, nkb, nqb, qb0, half
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_args(dtype, d, rank, chunk, noncausal, window, has_mask, cross):
+    """The kernels' compile-time arguments (a dict the callers only read)."""
+    rank_block = min(tile_width(rank), RANK_BLOCK)
+    kb0, nkb, nqb, qb0, half = _window_blocks(window, chunk, noncausal, cross)
+    # the lower triangle of a key chunk's last query chunk lies in the window (LAST)
+    # exactly when (w - 1) % C == 0 (causal) or HALF % C == 0 (noncausal) (chunk_bwd._dkv_table)
+    bias_entries = window + 1 if noncausal else window
     return dict(
         D=d, BD=tile_width(d), RB=rank_block, NRB=-(-rank // rank_block), C=chunk, WINDOW=window,
         NS=noncausal, HALF=half, NKB=nkb, NQB=nqb, KB0=kb0, QB0=qb0, LAST=(nqb - 1 - qb0) * chunk + half < bias_entries,
-        TABLE=not cross,
-        HAS_MASK=kv_mask is not None, QMASK=kv_mask is not None and not cross,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        TABLE=not cross, HAS_MASK=has_mask, QMASK=has_mask and not cross,
+        PREC="ieee" if dtype == torch.float32 else "tf32",
     )
 
 
@@ -237,136 +253,212 @@ def _window_bias_tiles(rho, meta):
 
 class _Prepared(NamedTuple):
     """What the forward and the backward kernels read besides q, k, v and o: the chunk
-    tables, the parameters in the kernels' layouts, the counts and the value sums before
-    each query chunk (`pre`). Both passes build it from the op's inputs (the backward
-    rebuilds it: two small launches, and the op's outputs stay o and lse, whose shapes do
-    not depend on cu_seqlens's values)."""
+    layout, the compile-time arguments, the parameters in the kernels' layouts and the
+    tables. The forward builds it; the backward takes the forward's tables (`Saved`)
+    and rebuilds only what costs no launch."""
 
     layout: _Layout
     meta: dict
-    qf: torch.Tensor  # [rows, H, d], and kf, vf likewise
-    kf: torch.Tensor
-    vf: torch.Tensor
     bas: torch.Tensor  # [H, r, d] in q's dtype
     rho: torch.Tensor  # [H, entries] fp32 (a placeholder for NC without rel_bias)
-    tables: torch.Tensor  # the window's bias tiles (self-attention) or rho
-    mu: torch.Tensor  # [H, S] fp32
+    mu: torch.Tensor  # [H, S] (or [H] with S = 1) fp32
+    kvm: torch.Tensor  # kv_mask's bytes [B, m] uint8, or a placeholder
+    cnt: torch.Tensor  # valid counts: per key row (causal, masked), per query chunk and segment (noncausal)
+    segid: torch.Tensor  # each key row's segment (noncausal, read with S > 1 only)
+    tables: torch.Tensor  # the window's bias tiles (self-attention) or a placeholder
+
+
+class Saved(NamedTuple):
+    """The forward's tables that its op returns besides o and lse, for the backward to
+    read instead of building them again: `pre`, the value sums before each query chunk
+    [query chunk rows, S, H, d] fp32 (two launches), the tables made from the data
+    (`cnt`, `segid` of a kv_mask; `tiles` of rel_bias) and `bas`, the basis cast to the
+    inputs' dtype. One that the backward finds without work (a per-shape cache, a
+    placeholder, the basis in its dtype already) or that depends on cu_seqlens's values
+    is an empty [0] tensor here. Their shapes: `saved_shapes`."""
+
+    pre: torch.Tensor
     cnt: torch.Tensor
-    kvm: torch.Tensor
     segid: torch.Tensor
-    pre: torch.Tensor  # [query chunks, S, H, d] fp32
+    tiles: torch.Tensor
+    bas: torch.Tensor
 
 
-def _prepare(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, chunk):
+def saved_shapes(q, k, basis, kv_mask, cu_seqlens, window, causal, cross, segments, chunk):
+    """The (shape, dtype) of each of `Saved`'s tensors, from the arguments' shapes and
+    dtypes alone (fake tensors and symbolic sizes too: the op's fake implementation)."""
+    batch, n, heads, d = q.shape
+    m = k.shape[1]
+    query_chunks = -(-n // chunk)
+    packed = cu_seqlens is not None
+    # packed sequences: at most one partial chunk per sequence past the whole ones
+    pre_rows = query_chunks + cu_seqlens.shape[0] - 1 if packed else batch * query_chunks
+    keeps_cnt, keeps_segid = _saved_tables(causal, kv_mask is not None, packed, segments)
+    cnt = ((batch * m,) if causal else (batch * query_chunks, segments)) if keeps_cnt else (0,)
+    tiles = (heads * _window_blocks(window, chunk, not causal, cross)[1], chunk, chunk) if not cross else (0,)
+    f32 = torch.float32
+    return Saved(
+        ((pre_rows, segments, heads, d), f32), (cnt, f32), ((batch * m,) if keeps_segid else (0,), torch.int32),
+        (tiles, f32), (tuple(basis.shape) if basis.dtype != q.dtype else (0,), q.dtype),
+    )
+
+
+def _saved_tables(causal, has_mask, packed, segments):
+    """Whether the forward hands its counts and its segment ids to the backward: those
+    made from a kv_mask, except for packed noncausal sequences, whose per-chunk counts
+    have as many rows as cu_seqlens's values make chunks (the backward builds them
+    again, as it builds their layout)."""
+    cnt = has_mask and (causal or not packed)
+    return cnt, cnt and not causal and segments > 1
+
+
+def _prepare(q, k, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, chunk,
+             saved=None):
+    """The `_Prepared` of one call. With `saved` (the backward), the tables the forward
+    handed over are taken from it."""
     batch, n, heads, d = q.shape
     m = k.shape[1]
     noncausal = not causal
-    if cu_seqlens is None:
-        layout = _batched_layout(batch, n, m, chunk, noncausal, q.device)
-    else:
+    packed = cu_seqlens is not None
+    if packed:
         layout = _Layout(batch, n, m, cu_seqlens, chunk, noncausal, q.device)
-    qf, kf, vf = (x.contiguous().view(-1, heads, d) for x in (q, k, v))  # [rows, H, d]
+    else:
+        layout = _batched_layout(batch, n, m, chunk, noncausal, q.device)
     # the memory products take the basis in the inputs' dtype (fp32 accumulation)
-    bas = basis.detach().to(q.dtype).contiguous()
+    if basis.dtype == q.dtype:
+        bas = basis.contiguous()
+    else:
+        bas = saved.bas if saved is not None else basis.to(q.dtype, memory_format=torch.contiguous_format)
     # NC has no window and may come without rel_bias: a placeholder the kernels never read
-    rho = (rel_bias.detach() if rel_bias is not None else q.new_zeros(heads, 1)).float().contiguous()
-    mu = mem_bias.detach().float().reshape(heads, -1).expand(heads, segments).contiguous()  # [H, S]
-    kvm = kv_mask.reshape(-1).to(torch.uint8) if kv_mask is not None else qf
-    segid = rho  # placeholder, read only with segments > 1
-    if noncausal and kv_mask is None and cu_seqlens is None:  # the same for every call of the shape
+    if rel_bias is None:
+        rho = torch.empty(heads, 1, dtype=torch.float32, device=q.device)
+    else:
+        rho = (rel_bias if rel_bias.dtype == torch.float32 else rel_bias.float()).contiguous()
+    mu = (mem_bias if mem_bias.dtype == torch.float32 else mem_bias.float()).contiguous()  # [H, S] or [H]
+    if mu.dim() == 1 and segments > 1:  # one bias shared by the segments
+        mu = mu[:, None].expand(heads, segments).contiguous()
+    kvm = kv_mask.contiguous().view(torch.uint8) if kv_mask is not None else q
+    meta = _compile_args(q.dtype, d, basis.shape[1], chunk, noncausal, window, kv_mask is not None, cross)
+
+    keeps_cnt, keeps_segid = _saved_tables(causal, kv_mask is not None, packed, segments)
+    cnt = segid = rho  # placeholders: causal counts are t' + 1; segments read with S > 1 only
+    if saved is not None and keeps_cnt:
+        cnt = saved.cnt
+        segid = saved.segid if keeps_segid else rho
+    elif noncausal and kv_mask is None and not packed:  # the same for every call of the shape
         segid, cnt = _unmasked_segment_tables(batch, n, m, chunk, segments, q.device)
-    elif noncausal:  # counts per query chunk and segment
+    elif noncausal and not packed:
+        segid, cnt = _masked_segment_tables(kv_mask, segments, -(-n // chunk))
+        segid = rho if segid is None else segid
+    elif noncausal:  # packed: counts per query chunk of each sequence
         valid = kv_mask if kv_mask is not None else torch.ones(batch, m, dtype=torch.bool, device=q.device)
         segid, cnt = _segment_tables(valid, cu_seqlens, layout, segments)
     elif kv_mask is not None:  # counts per key row
-        cnt = _valid_counts(kv_mask, cu_seqlens).float()
+        cnt = kv_mask.cumsum(1, dtype=torch.float32).view(-1) if not packed else _valid_counts(kv_mask, cu_seqlens).float()
+    if not meta["TABLE"]:
+        tables = rho  # placeholder: CC and NC take no bias tiles
+    elif saved is not None:
+        tables = saved.tiles
     else:
-        cnt = rho  # placeholder: counts are t' + 1
-    meta = _compile_args(q, basis.shape[1], chunk, noncausal, window, kv_mask, cross)
-    tables = _window_bias_tiles(rho, meta) if meta["TABLE"] else rho  # (placeholder: CC, NC)
-
-    sums = torch.empty(len(layout.kchunks), segments, heads, d, dtype=torch.float32, device=q.device)
-    chunk_value_sums_kernel[(len(layout.kchunks), heads)](
-        vf, kvm, segid, sums, *layout.kargs, heads, D=d, BD=meta["BD"], C=chunk, SEG=segments,
-        HAS_MASK=meta["HAS_MASK"], BATCHED=layout.batched,
-    )
-    pre = _prefix_sums(sums, layout)  # [query chunks, S, H, d]
-    return _Prepared(layout, meta, qf, kf, vf, bas, rho, tables, mu, cnt, kvm, segid, pre)
+        tables = _window_bias_tiles(rho, meta)
+    return _Prepared(layout, meta, bas, rho, mu, kvm, cnt, segid, tables)
 
 
 def lavo_chunk_forward(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments,
                        scale, chunk):
-    """The forward kernels: q [B, T, H, d], k, v [B, S, H, d] in q's dtype -> (o [B, T, H, d],
-    lse [B*T, H] fp32, the log-sum-exp the backward reads)."""
-    heads = q.shape[2]
-    p = _prepare(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, chunk)
-    o = torch.empty_like(p.qf)
-    lse = torch.empty(p.qf.shape[0], heads, dtype=torch.float32, device=q.device)
-    lavo_fwd_kernel[(len(p.layout.qchunks), heads)](
-        p.qf, p.kf, p.vf, p.bas, p.rho, p.tables, p.mu, p.pre, p.cnt, p.kvm, o, lse, *p.layout.qargs,
-        heads, p.rho.shape[1], scale, R=basis.shape[1], SEG=segments, BATCHED=p.layout.batched,
+    """The forward kernels: q [B, T, H, d], k, v [B, S, H, d] in q's dtype, contiguous ->
+    (o [B, T, H, d], lse [B*T, H] fp32, the log-sum-exp the backward reads, and the
+    tables of `Saved`)."""
+    batch, n, heads, d = q.shape
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # (no copy: the caller's are)
+    p = _prepare(q, k, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, chunk)
+    layout = p.layout
+    shapes = saved_shapes(q, k, basis, kv_mask, cu_seqlens, window, causal, cross, segments, chunk)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    sums = torch.empty(layout.nk, segments, heads, d, **f32)
+    chunk_value_sums_kernel[(layout.nk, heads)](
+        v, p.kvm, p.segid, sums, *layout.kargs, heads, D=d, BD=p.meta["BD"], C=chunk, SEG=segments,
+        HAS_MASK=p.meta["HAS_MASK"], BATCHED=layout.batched,
+    )
+    pre = torch.empty(shapes.pre[0], **f32)  # rows past the query chunks (packed sequences) stay unread
+    chunk_range_sums(sums, layout.seqs, pre, layout.longest, suffix=False, total=layout.noncausal)
+    o = torch.empty_like(q)
+    lse = torch.empty(batch * n, heads, **f32)
+    lavo_fwd_kernel[(layout.nq, heads)](
+        q, k, v, p.bas, p.rho, p.tables, p.mu, pre, p.cnt, p.kvm, o, lse, *layout.qargs,
+        heads, p.rho.shape[1], scale, R=basis.shape[1], SEG=segments, BATCHED=layout.batched,
         **_pick(p.meta, _FWD_META), **LAUNCH["fwd"],
     )
-    return o.view(q.shape), lse
+    kept = [x if shape != (0,) else torch.empty(0, dtype=dtype, device=q.device)
+            for x, (shape, dtype) in zip((p.cnt, p.segid, p.tables, p.bas), shapes[1:])]
+    return o, lse, Saved(pre, *kept)
 
 
-def lavo_chunk_backward(do, q, k, v, o, lse, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross,
-                        segments, scale, chunk):
+def lavo_chunk_backward(do, q, k, v, o, lse, saved, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal,
+                        cross, segments, scale, chunk):
     """The backward kernels: the gradients (dq, dk, dv, dbasis, drel_bias or None, dmem_bias)
-    of the forward's inputs, each in its input's dtype (dk, dv in q's)."""
-    p = _prepare(q, k, v, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, chunk)
+    of the forward's inputs, each in its input's dtype (dk, dv in q's); `saved` is the
+    forward's `Saved`."""
+    q, k, v, o, do = q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(), do.contiguous()
+    p = _prepare(q, k, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causal, cross, segments, chunk,
+                 saved=saved)
     layout, meta = p.layout, p.meta
-    batch, n, heads, d = q.shape
+    n, heads, d = q.shape[1:]
     m, rank = k.shape[1], basis.shape[1]
-    qf, kf, vf, rho = p.qf, p.kf, p.vf, p.rho
-    of = o.contiguous().view(-1, heads, d)
-    dof = do.contiguous().view(-1, heads, d)
-    nq = len(layout.qchunks)
-    groups = math.ceil(nq / DQ_GROUP)
-    f32 = dict(dtype=torch.float32, device=qf.device)
+    nq = layout.nq
+    groups = -(-nq // DQ_GROUP)
+    f32 = dict(dtype=torch.float32, device=q.device)
     nrb = meta["NRB"]
-    dq_mem = torch.empty(qf.shape, **f32)
+    dq_mem = torch.empty(q.shape, **f32)
     delta = torch.empty_like(lse)  # [rows, H]
     block = DELTA_TILE // meta["BD"]  # (row, head) pairs per program
-    lavo_delta_kernel[(triton.cdiv(delta.numel(), block),)](
-        of, dof, delta, delta.numel(), D=d, BD=meta["BD"], BLOCK=block
-    )
+    lavo_delta_kernel[(-(-delta.numel() // block),)](o, do, delta, delta.numel(), D=d, BD=meta["BD"], BLOCK=block)
     db_part = torch.empty(groups, heads, rank, d, **f32)
     dmu_part = torch.empty(groups, nrb, heads, segments, **f32)
-    dvl = (torch.zeros if m > n else torch.empty)(vf.shape, **f32)
+    # the memory's in-chunk value gradients (causal only): rows past the queries' chunks
+    # are never written, and dkv reads rows j < n only
+    dvl = torch.empty(k.shape, **f32) if causal else dq_mem
     wsum = torch.empty(nq, segments, heads, d, **f32)
     common = dict(_pick(meta, ("D", "BD", "RB", "NRB", "C", "NS", "HAS_MASK", "QMASK", "PREC")), BATCHED=layout.batched)
     lavo_mem_bwd_kernel[(groups, heads, nrb)](
-        qf, vf, dof, lse, delta, p.bas, p.mu, p.pre, p.cnt, p.kvm, *layout.qargs, dq_mem, db_part, dmu_part, dvl,
-        wsum, heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, triton.next_power_of_2(segments)),
+        q, v, do, lse, delta, p.bas, p.mu, saved.pre, p.cnt, p.kvm, *layout.qargs, dq_mem, db_part, dmu_part, dvl,
+        wsum, heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, _next_pow2(segments)),
         **common, **LAUNCH["mem_bwd"],
     )
     if nrb > 1:  # the sums over the rank blocks: memory dq, value-gradient parts
         lavo_mem_sums_kernel[(groups, heads)](
-            qf, vf, dof, lse, delta, p.bas, p.mu, p.pre, p.cnt, p.kvm, *layout.qargs, dq_mem, dvl, wsum,
+            q, v, do, lse, delta, p.bas, p.mu, saved.pre, p.cnt, p.kvm, *layout.qargs, dq_mem, dvl, wsum,
             heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, **common, **LAUNCH["mem_sums"],
         )
-    drho = torch.zeros_like(rho)
-    suf = _suffix_sums(wsum, layout)  # [key chunks, S, H, d]
+    # the window's bias gradient, added by atomics (NC has no window: nothing to add)
+    drho = torch.zeros_like(p.rho) if rel_bias is not None else p.rho
+    suf = torch.empty(layout.nk, segments, heads, d, **f32)
+    chunk_range_sums(wsum, layout.seqs, suf, layout.longest, suffix=True, total=layout.noncausal)
     # CC, target longer than the source: query blocks past the source (a power of 2,
     # so that few lengths compile their own kernel)
-    tail = triton.next_power_of_2(math.ceil((n - m) / meta["C"]) + 1) if n > m and meta["NKB"] else 0
-    dk = torch.empty_like(kf)
-    dv = torch.empty_like(vf)
-    lavo_dkv_kernel[(len(layout.kchunks), heads)](
-        qf, kf, vf, dof, lse, delta, rho, p.tables, p.kvm, p.segid, *layout.kargs, dvl, suf, dq_mem, drho, dk, dv,
-        heads, rho.shape[1], scale, TAIL=tail, SEG=segments, BATCHED=layout.batched, **_pick(meta, _DKV_META),
+    tail = _next_pow2(-(-(n - m) // meta["C"]) + 1) if n > m and meta["NKB"] else 0
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    lavo_dkv_kernel[(layout.nk, heads)](
+        q, k, v, do, lse, delta, p.rho, p.tables, p.kvm, p.segid, *layout.kargs, dvl, suf, dq_mem, drho, dk, dv,
+        heads, p.rho.shape[1], scale, TAIL=tail, SEG=segments, BATCHED=layout.batched, **_pick(meta, _DKV_META),
         **LAUNCH["dkv"],
     )
-    dq = dq_mem.to(qf.dtype)  # the memory's dq (mem_bwd) plus the window's (dkv)
-    dmu = dmu_part.sum((0, 1))  # [H, S]
-    if mem_bias.dim() == 1:  # one bias shared by the segments
-        dmu = dmu.sum(1)
-    drel = drho.to(rel_bias.dtype) if rel_bias is not None else None
-    return (
-        dq.view(q.shape), dk.view(k.shape), dv.view(k.shape), db_part.sum(0).to(basis.dtype), drel,
-        dmu.reshape(mem_bias.shape).to(mem_bias.dtype),
-    )
+    dq = _cast(dq_mem, q.dtype)  # the memory's dq (mem_bwd) plus the window's (dkv)
+    dmu = dmu_part.sum((0, 1) if mem_bias.dim() == 2 else (0, 1, 3))  # [H, S], or [H]: one bias for all segments
+    drel = _cast(drho, rel_bias.dtype) if rel_bias is not None else None
+    return dq, dk, dv, _cast(db_part.sum(0), basis.dtype), drel, _cast(dmu, mem_bias.dtype)
+
+
+def _cast(x, dtype):
+    """x in dtype, with no op when it already is."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def _next_pow2(x):
+    """The smallest power of 2 >= x >= 1 (triton.next_power_of_2 without its per-call
+    wrapper, a few µs of host time on every launch)."""
+    return 1 << (x - 1).bit_length()
 
 
 # compile-time arguments of the forward and dkv kernels

@@ -405,8 +405,8 @@ def lavo_dkv_kernel(
         seg_of = tl.load(SEGID + kv_row0 + j, mask=j_ok, other=0)
         suf_offs = ((kid * SEG + seg_of) * H + h).to(tl.int64)[:, None] * D + dd[None, :]
         dv += tl.load(SUF + suf_offs, mask=j_ok[:, None] & (dd < D)[None, :], other=0.0)
-    if not NS:
-        dv += load_rows(DVL, kv_row0, c * C, j < m, h, H, C, D, BD)
+    if not NS:  # DVL rows j >= n (CC, source longer than the target) hold nothing: no query is there
+        dv += load_rows(DVL, kv_row0, c * C, (j < m) & (j < n), h, H, C, D, BD)
     dk = tl.where(j_ok[:, None], dk * scale, 0.0)
     dv = tl.where(j_ok[:, None], dv, 0.0)
     store_rows(DK, dk, kv_row0, c * C, j < m, h, H, C, D, BD)

@@ -14,6 +14,8 @@ A sequence's row of SEQS is (first query chunk, query chunks, first key chunk, k
 chunks), the indices into the chunk tables of chunk.py's `_Layout`.
 """
 
+import math
+
 import triton
 import triton.language as tl
 
@@ -92,15 +94,14 @@ def chunk_range_sums_kernel(
                 carry += tl.sum(x, 0).to(tl.float64)
 
 
-def chunk_range_sums(totals, seqs, out_rows, longest, *, suffix, total):
-    """totals [chunks, ...] fp32 -> [out_rows, ...] fp32, the sums described above
-    (`seqs`: the int32 [sequences, 4] table; `longest`: the most chunks of one sequence,
-    queries or keys)."""
-    width = totals[0].numel()
-    out = totals.new_empty(out_rows, *totals.shape[1:])
-    grid = (len(seqs), triton.cdiv(width, SCAN_COLS))
-    chunk_range_sums_kernel[grid](
-        totals.contiguous(), out, seqs, width, TILES=triton.next_power_of_2(triton.cdiv(longest, SCAN_ROWS)),
-        TB=SCAN_ROWS, BW=SCAN_COLS, SUFFIX=suffix, TOTAL=total, num_warps=4,
+def chunk_range_sums(totals, seqs, out, longest, *, suffix, total):
+    """The sums described above of totals [chunks, ...] fp32 into out [rows, ...] fp32
+    (rows past the output chunks of `seqs` are not written; `seqs`: the int32
+    [sequences, 4] table; `longest`: the most chunks of one sequence, queries or keys)."""
+    width = math.prod(totals.shape[1:])
+    tiles = -(-longest // SCAN_ROWS)
+    tiles = 1 << (tiles - 1).bit_length() if tiles else 0  # a power of 2 (triton.next_power_of_2, no wrapper)
+    chunk_range_sums_kernel[(seqs.shape[0], -(-width // SCAN_COLS))](
+        totals.contiguous(), out, seqs, width, TILES=tiles, TB=SCAN_ROWS, BW=SCAN_COLS, SUFFIX=suffix, TOTAL=total,
+        num_warps=4,
     )
-    return out

@@ -63,11 +63,13 @@ def test_fullgraph_compile_equals_eager(name, pattern, backend, compiler):
     assert nonzero >= len(eager) - 2, "the comparison would test next to nothing"
 
 
-def _lavo_args(causal, cross, kv_mask, with_rel_bias=True):
+def _lavo_args(causal, cross, kv_mask, with_rel_bias=True, segments=1, packed=False, dtype=torch.float32):
     g = torch.Generator().manual_seed(2)
     batch, n, m, heads, dim, rank, window = 2, 20, 18 if cross else 20, 2, 16, 4, 4
-    q = torch.randn(batch, n, heads, dim, generator=g, requires_grad=True)
-    k, v = (torch.randn(batch, m, heads, dim, generator=g, requires_grad=True) for _ in range(2))
+    if packed:  # three sequences along time, one of them empty
+        batch, n, m = 1, 2 * n, 2 * n
+    q = torch.randn(batch, n, heads, dim, generator=g).to(dtype).requires_grad_()
+    k, v = (torch.randn(batch, m, heads, dim, generator=g).to(dtype).requires_grad_() for _ in range(2))
     # [H, r, d] as the learned basis comes: a transposed view (strides [d*r, 1, r]); the fakes
     # must promise the real outputs' (contiguous) strides whatever the inputs' are
     basis = torch.linalg.qr(torch.randn(heads, dim, rank, generator=g))[0].contiguous().transpose(1, 2)
@@ -75,26 +77,33 @@ def _lavo_args(causal, cross, kv_mask, with_rel_bias=True):
     rel_bias = torch.randn(heads, window if causal else window + 1, generator=g) if with_rel_bias else None
     mem_bias = torch.randn(heads, generator=g)
     mask = padding_mask(m)[:batch] if kv_mask else None
+    cu_seqlens = torch.tensor([0, 13, 13, n], dtype=torch.int32) if packed else None
     params = [x.requires_grad_() for x in (basis, rel_bias, mem_bias) if x is not None]
     assert params
-    return (q, k, v, basis, rel_bias, mem_bias, mask, None, window, causal, cross, 1, dim**-0.5, 16)
+    return (q, k, v, basis, rel_bias, mem_bias, mask, cu_seqlens, window, causal, cross, segments, dim**-0.5, 16)
 
 
-@pytest.mark.parametrize("causal, cross, kv_mask, with_rel_bias", [
-    (True, False, False, True), (False, False, True, True), (True, True, True, True), (False, True, False, False),
+# (the forward op's fake also gives the shapes of the tables it hands to the backward:
+# made from a mask, per segment, for packed sequences, the basis cast to bf16 inputs)
+@pytest.mark.parametrize("causal, cross, kv_mask, with_rel_bias, segments, packed, dtype", [
+    (True, False, False, True, 1, False, torch.float32), (False, False, True, True, 1, False, torch.float32),
+    (True, True, True, True, 1, False, torch.float32), (False, True, False, False, 1, False, torch.float32),
+    (False, True, True, False, 3, False, torch.float32), (True, False, True, True, 1, True, torch.float32),
+    (False, False, False, True, 1, True, torch.float32), (True, True, False, True, 1, False, torch.bfloat16),
 ])
-def test_opcheck_lavo(causal, cross, kv_mask, with_rel_bias):
-    torch.library.opcheck(lavo_chunk_fwd, _lavo_args(causal, cross, kv_mask, with_rel_bias),
+def test_opcheck_lavo(causal, cross, kv_mask, with_rel_bias, segments, packed, dtype):
+    torch.library.opcheck(lavo_chunk_fwd, _lavo_args(causal, cross, kv_mask, with_rel_bias, segments, packed, dtype),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
-@pytest.mark.parametrize("causal, cross", [(True, False), (False, True)])
-def test_opcheck_lavo_backward(causal, cross):
-    q, k, v, basis, rel_bias, mem_bias, mask, cu, *options = _lavo_args(causal, cross, kv_mask=True)
+@pytest.mark.parametrize("causal, cross, dtype", [(True, False, torch.float32), (False, True, torch.float32),
+                                                  (True, True, torch.bfloat16)])
+def test_opcheck_lavo_backward(causal, cross, dtype):
+    q, k, v, basis, rel_bias, mem_bias, mask, cu, *options = _lavo_args(causal, cross, kv_mask=True, dtype=dtype)
     with torch.no_grad():
-        o, lse = lavo_chunk_fwd(q, k, v, basis, rel_bias, mem_bias, mask, cu, *options)
-    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(5))
-    args = (do, q, k, v, o, lse, basis, rel_bias, mem_bias, mask, cu, *options)
+        o, lse, *saved = lavo_chunk_fwd(q, k, v, basis, rel_bias, mem_bias, mask, cu, *options)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+    args = (do, q, k, v, o, lse, *saved, basis, rel_bias, mem_bias, mask, cu, *options)
     args = [x.detach() if isinstance(x, torch.Tensor) else x for x in args]
     torch.library.opcheck(lavo_chunk_bwd, args, test_utils=("test_schema", "test_faketensor"))
     # opcheck compares shapes and dtypes; Inductor also relies on the fakes' strides

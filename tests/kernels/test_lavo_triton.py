@@ -275,7 +275,8 @@ def test_chunk_range_sums_match_loops(monkeypatch):
     for suffix in (False, True):
         for total in (False, True):
             totals, out_rows = (q_totals, 25) if suffix else (k_totals, 18)
-            got = chunk_scan.chunk_range_sums(totals, seqs, out_rows, 11, suffix=suffix, total=total)
+            got = torch.full((out_rows, 2, 3, 5), float("nan"))  # every row is some sequence's
+            chunk_scan.chunk_range_sums(totals, seqs, got, 11, suffix=suffix, total=total)
             want = torch.zeros(out_rows, 2, 3, 5, dtype=torch.float64)
             for q_first, nq, k_first, nk in spans:
                 in_first, n_in, out_first, n_out = (q_first, nq, k_first, nk) if suffix else (k_first, nk, q_first, nq)
