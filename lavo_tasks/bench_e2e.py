@@ -22,9 +22,11 @@ one step (operations that wait for the GPU, counted by
 torch.cuda.set_sync_debug_mode("warn")), peak memory of a step (GiB), and the parameter
 count. `compile` compiles the task's model (`lavo_tasks.compiling.compile_model`) and
 sets `trainer.compile` to the same mode, whose tasks pad their batches to a few fixed
-lengths, as a compiled training run does; `--profile` writes the top kernels of each
-attention's profiled steps, and the source line of each host sync, to
-OUT/profile_<task>_<attention>.txt. `commit` names the code measured in every
+lengths, as a compiled training run does, and each attention compiles from a clean
+slate (`torch._dynamo.reset()` after each: no graphs or CUDA graph pools of the one
+before it); `--profile` writes, per attention, the top kernels of the profiled steps by
+GPU time, their top ops by host time (where wall time beyond the GPU's goes) and the
+source line of each host sync to OUT/profile_<task>_<attention>.txt. `commit` names the code measured in every
 row (docs/benchmarks.md keeps one line per commit, so a change's before and after stand
 side by side); by default the short hash of the git checkout the package runs from, or
 "unknown" for an installed copy. A site whose pattern the attention cannot run
@@ -197,9 +199,11 @@ def gpu_ms_per_step(step, profile_path: Path | None) -> float:
     events = prof.key_averages()
     device_us = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA)
     if profile_path is not None:
-        table = events.table(sort_by="self_device_time_total", row_limit=TOP_KERNELS)
+        kernels = events.table(sort_by="self_device_time_total", row_limit=TOP_KERNELS)
+        host = events.table(sort_by="self_cpu_time_total", row_limit=TOP_KERNELS)
         profile_path.write_text(f"{PROFILED_STEPS} steps, GPU time per step {device_us / PROFILED_STEPS / 1e3:.2f} "
-                                f"ms\n{table}\n")
+                                f"ms\n\nby GPU time:\n{kernels}\n\nby host time (where a step's wall time "
+                                f"beyond its GPU time goes):\n{host}\n")
     return device_us / PROFILED_STEPS / 1e3
 
 
@@ -291,6 +295,10 @@ def bench(args: list[str], allow_cpu: bool = False) -> list[dict]:
             rows.append(record({"attention": name, "cross_fallback": cross_fallback}, log, meta,
                                lambda: training_throughput(cfg, int(options["steps"]), device, options["compile"],
                                                            profile_path)))
+            if options["compile"] != "off":
+                # Each attention compiles from a clean slate, as in a process of its own: the
+                # graphs and CUDA graph pools of the attentions before it stay out of its step.
+                torch._dynamo.reset()
     print(markdown_table(task, rows))
     return rows
 

@@ -87,3 +87,17 @@ def test_host_syncs_name_the_line_of_each_sync(monkeypatch):
         warnings.warn("an unrelated warning")
 
     assert bench_e2e.host_syncs(step) == [f"{__file__}:{lines[0]}"]
+
+
+@pytest.mark.parametrize("mode, resets", [("off", 0), ("default", 2)])
+def test_each_compiled_attention_starts_from_a_clean_slate(tmp_path, monkeypatch, mode, resets):
+    """Compiled, Dynamo's caches and the CUDA graph pools are reset after every attention,
+    so an attention's step never shares them with the one measured before it; eager
+    rows reset nothing."""
+    calls = []
+    monkeypatch.setattr(bench_e2e, "compile_model", lambda model, mode: model.compile(backend="aot_eager"))
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append(len(calls)))
+    rows = bench_e2e.bench(["task=tsf", "attentions=softmax,gsa", "steps=1", f"compile={mode}", f"out={tmp_path}",
+                            *TSF_SMALL], allow_cpu=True)
+    assert [r["attention"] for r in rows] == ["softmax", "gsa"]
+    assert len(calls) == resets
