@@ -8,7 +8,8 @@ where `mask` (bool [B, T], True = a real position) marks padding, the output is 
 the final norm as after every layer. The Decoder decodes step by step: `init_state`
 reads the memory once (each cross-attention block projects and summarises it there),
 then each `step` feeds the positions that follow those already fed and returns their
-outputs with the new state. States are values: nested tuples of batch-first tensors
+outputs with the new state. The learned LAVO bases of a stack's blocks are evaluated
+together, once per forward and init_state (attention.lavo.CayleyBases). States are values: nested tuples of batch-first tensors
 (plus plain ints), never changed in place, so `lavo_tasks.generation.reorder` serves
 beam search.
 """
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 
 from .attention import AttentionSpec
 from .attention.base import is_int
+from .attention.lavo import CayleyBases
 from .layers import DecoderState, TransformerDecoderLayer, TransformerEncoderLayer, zero_padding
 
 
@@ -37,11 +39,13 @@ class Encoder(nn.Module):
             for _ in range(n_layers)
         )
         self.norm = nn.LayerNorm(d_model)
+        self.bases = CayleyBases(self)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """x [B, T, D], mask bool [B, T] (True = real) or None -> [B, T, D]."""
-        for layer in self.layers:
-            x = layer(x, mask)
+        with self.bases():
+            for layer in self.layers:
+                x = layer(x, mask)
         return zero_padding(self.norm(x), mask)
 
 
@@ -62,14 +66,16 @@ class Decoder(nn.Module):
             for _ in range(n_layers)
         )
         self.norm = nn.LayerNorm(d_model)
+        self.bases = CayleyBases(self)
 
     def forward(self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None,
                 memory_mask: Tensor | None = None) -> Tensor:
         """The whole sequence at once (teacher forcing): x [B, T, D], memory [B, S, D] (a
         Decoder with cross-attention only), mask [B, T] / memory_mask [B, S] bool or None
         -> [B, T, D]."""
-        for layer in self.layers:
-            x, _ = layer(x, memory, mask, memory_mask)
+        with self.bases():
+            for layer in self.layers:
+                x, _ = layer(x, memory, mask, memory_mask)
         return zero_padding(self.norm(x), mask)
 
     def init_state(self, batch_size: int, memory: Tensor | None = None,
@@ -77,7 +83,8 @@ class Decoder(nn.Module):
         """The state before the first decoded position, one DecoderState per layer; the
         memory [B, S, D] (and memory_mask [B, S]) is read here, once."""
         self._check_decodable()
-        return tuple(layer.init_state(batch_size, memory, memory_mask) for layer in self.layers)
+        with self.bases():
+            return tuple(layer.init_state(batch_size, memory, memory_mask) for layer in self.layers)
 
     def step(self, x: Tensor, state: tuple[DecoderState, ...]) -> tuple[Tensor, tuple[DecoderState, ...]]:
         """x [B, t, D]: the t >= 1 positions after those already fed -> (y [B, t, D], new

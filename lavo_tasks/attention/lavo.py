@@ -25,6 +25,7 @@ state and leaves the one it was given as it was.
 """
 
 from collections.abc import Mapping
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -212,17 +213,61 @@ class CayleyBasis(nn.Module):
         rows, cols = torch.tril_indices(dim, dim, -1)
         self.register_buffer("lower_index", rows * dim + cols, persistent=False)  # into a flat [d * d]
         self.skew = nn.Parameter(initial.new_zeros(heads, len(rows)))
+        self.evaluated: torch.Tensor | None = None  # set by CayleyBases, for one stack's forward
 
     @property
     def weight(self) -> torch.Tensor:
         """[H, r, d] with orthonormal rows."""
-        with torch.autocast(self.base.device.type, enabled=False):
-            heads, dim = self.base.shape[:2]
-            lower = self.skew.new_zeros(heads, dim * dim).index_copy(1, self.lower_index, self.skew).view(heads, dim, dim)
-            half = 0.5 * (lower - lower.transpose(1, 2))  # A / 2, skew-symmetric
-            inverse = _unit_skew_inverse(half, self.backend)  # (I - A/2)^-1 [H, d, d]
-            # first r columns of base @ (2 inverse - I), transposed: [H, d, r] -> [H, r, d]
-            return (2 * (self.base @ inverse[:, :, : self.rank]) - self.base[:, :, : self.rank]).transpose(1, 2)
+        if self.evaluated is not None:
+            return self.evaluated
+        return _cayley(self.skew, self.base, self.lower_index, self.rank, self.backend)
+
+
+def _cayley(skew: torch.Tensor, base: torch.Tensor, lower_index: torch.Tensor, rank: int,
+            backend: str) -> torch.Tensor:
+    """CayleyBasis's map for N matrices at once: skew [N, d(d-1)/2], base [N, d, d] -> [N, r, d]."""
+    with torch.autocast(base.device.type, enabled=False):
+        n, dim = base.shape[:2]
+        lower = skew.new_zeros(n, dim * dim).index_copy(1, lower_index, skew).view(n, dim, dim)
+        half = 0.5 * (lower - lower.transpose(1, 2))  # A / 2, skew-symmetric
+        inverse = _unit_skew_inverse(half, backend)  # (I - A/2)^-1 [N, d, d]
+        # first r columns of base @ (2 inverse - I), transposed: [N, d, r] -> [N, r, d]
+        return (2 * (base @ inverse[:, :, :rank]) - base[:, :, :rank]).transpose(1, 2)
+
+
+class CayleyBases:
+    """Evaluates the learned LAVO bases of a stack's blocks together: one solve for all
+    of them instead of one per block (the solve's time on a GPU is the latency of its
+    d elimination steps, about the same for 8 matrices or 100).
+
+        with bases(): ...  # every CayleyBasis of the stack returns the weight evaluated on entry
+
+    Bases of one size (d, r) and backend are stacked along the heads; the math is
+    CayleyBasis's, per matrix, so each basis and its gradient are what the block alone
+    would give. The bases are read from the modules at each entry (never cached across
+    calls: the optimiser changes `skew` between steps), and dropped on exit."""
+
+    def __init__(self, root: nn.Module):
+        groups: dict[tuple, list[CayleyBasis]] = {}
+        for module in root.modules():
+            if isinstance(module, CayleyBasis):
+                groups.setdefault((module.base.shape[-1], module.rank, module.backend), []).append(module)
+        self.groups = [maps for maps in groups.values() if len(maps) > 1]
+
+    @contextmanager
+    def __call__(self):
+        for maps in self.groups:
+            first = maps[0]
+            weights = _cayley(torch.cat([m.skew for m in maps]), torch.cat([m.base for m in maps]),
+                              first.lower_index, first.rank, first.backend)  # [sum of H, r, d]
+            for m, weight in zip(maps, weights.split([m.skew.shape[0] for m in maps])):
+                m.evaluated = weight
+        try:
+            yield
+        finally:
+            for maps in self.groups:
+                for m in maps:
+                    m.evaluated = None
 
 
 def _unit_skew_inverse(half: torch.Tensor, backend: str) -> torch.Tensor:
