@@ -20,7 +20,9 @@ torch.profiler records over PROFILED_STEPS more steps; wall / gpu near 1 means t
 is busy the whole step, far above 1 that the host holds it back), the host syncs of
 one step (operations that wait for the GPU, counted by
 torch.cuda.set_sync_debug_mode("warn")), peak memory of a step (GiB), and the parameter
-count. `compile` compiles the task's model (`lavo_tasks.compiling.compile_model`) and
+count; with `compile=reduce-overhead`, `cudagraph_skips`: the compiled graphs that
+Inductor ran without CUDA graphs (each launches its kernels from the host at every step;
+`TORCH_LOGS=cudagraphs` prints why). `compile` compiles the task's model (`lavo_tasks.compiling.compile_model`) and
 sets `trainer.compile` to the same mode, whose tasks pad their batches to a few fixed
 lengths, as a compiled training run does, and each attention compiles from a clean
 slate (`torch._dynamo.reset()` after each: no graphs or CUDA graph pools of the one
@@ -48,6 +50,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.utilities import move_data_to_device
 from lightning.pytorch.utilities.data import extract_batch_size
+from torch._dynamo.utils import counters
 
 from . import tasks
 from .attention import ATTENTION_NAMES, block_class
@@ -140,10 +143,12 @@ def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str
     def step():
         return training_step(module, batch, optimizer, autocast)
 
+    skips_before = counters["inductor"]["cudagraph_skips"]
     with warnings.catch_warnings():  # the Module logs train_loss; no Trainer is here to take it
         warnings.filterwarnings("ignore", message=".*self.log.*")
         for _ in range(WARMUP_STEPS):
             step()
+        cudagraph_skips = counters["inductor"]["cudagraph_skips"] - skips_before
         if on_gpu:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -159,6 +164,8 @@ def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str
                "tokens_per_s": steps * tokens_per_step / seconds, "tokens_per_step": tokens_per_step,
                "step_ms": seconds / steps * 1e3, "loss": loss,
                "params": sum(p.numel() for p in module.parameters())}
+        if compile_mode == "reduce-overhead":
+            row["cudagraph_skips"] = cudagraph_skips
         if on_gpu:
             row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
             syncs = host_syncs(step)
