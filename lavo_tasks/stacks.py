@@ -9,16 +9,16 @@ the final norm as after every layer. The Decoder decodes step by step: `init_sta
 reads the memory once (each cross-attention block projects and summarises it there),
 then each `step` feeds the positions that follow those already fed and returns their
 outputs with the new state. The learned LAVO bases of a stack's blocks are evaluated
-together, once per forward and init_state (attention.lavo.CayleyBases). States are values: nested tuples of batch-first tensors
-(plus plain ints), never changed in place, so `lavo_tasks.generation.reorder` serves
-beam search.
+together, once per forward and init_state (attention.cayley.CayleyBases). States are
+values: nested tuples of batch-first tensors (plus plain ints), never changed in place,
+so `lavo_tasks.generation.reorder` serves beam search.
 """
 
 from torch import Tensor, nn
 
 from .attention import AttentionSpec
 from .attention.base import is_int
-from .attention.lavo import CayleyBases
+from .attention.cayley import CayleyBases
 from .layers import DecoderState, TransformerDecoderLayer, TransformerEncoderLayer, zero_padding
 
 

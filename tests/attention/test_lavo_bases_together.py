@@ -8,8 +8,9 @@ import functools
 import pytest
 import torch
 
-from lavo_tasks.attention import lavo as lavo_module
-from lavo_tasks.attention.lavo import CayleyBasis, LavoAttention
+from lavo_tasks.attention import cayley as cayley_module
+from lavo_tasks.attention.cayley import CayleyBasis
+from lavo_tasks.attention.lavo import LavoAttention
 from lavo_tasks.stacks import Decoder, Encoder
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -55,12 +56,22 @@ def cayley_float64(m: CayleyBasis, skew: torch.Tensor) -> torch.Tensor:
     return (m.base.double() @ rotation)[:, :, : m.rank].transpose(1, 2)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_each_basis_evaluated_together_is_its_cayley_map(backend):
-    stack = encoder(backend)
+def two_ranks():
+    """A decoder whose self and cross blocks have different ranks: two groups of two."""
+    torch.manual_seed(3)
+    stack = Decoder(d_model=D_MODEL, n_heads=HEADS, n_layers=2, self_attention=lavo(),
+                    cross_attention=functools.partial(LavoAttention, window=4, rank=4), d_ff=64).to(DEVICE)
+    randomise_skews(stack)
+    return stack
+
+
+@pytest.mark.parametrize("build", [lambda: encoder("torch"), lambda: encoder("triton"), two_ranks],
+                         ids=["torch", "triton", "two-groups"])
+def test_each_basis_evaluated_together_is_its_cayley_map(build):
+    stack = build()
     maps = [m for m in stack.modules() if isinstance(m, CayleyBasis)]
-    assert len(maps) == 3
-    directions = [torch.randn(m.skew.shape[0], RANK, D_MODEL // HEADS, device=DEVICE) for m in maps]
+    assert len(maps) in (3, 4)
+    directions = [torch.randn(m.skew.shape[0], m.rank, D_MODEL // HEADS, device=DEVICE) for m in maps]
     with stack.bases():
         weights = [m.weight for m in maps]
     assert all(m.evaluated is None for m in maps)  # dropped on exit
@@ -78,8 +89,8 @@ def test_a_stack_solves_once_per_forward_with_the_same_outputs_and_gradients(bui
     together, alone = build(), build()
     alone.bases.groups = []  # every block evaluates its own basis
     solves = []
-    inverse = lavo_module._unit_skew_inverse
-    monkeypatch.setattr(lavo_module, "_unit_skew_inverse", lambda half, backend: solves.append(len(half))
+    inverse = cayley_module._unit_skew_inverse
+    monkeypatch.setattr(cayley_module, "_unit_skew_inverse", lambda half, backend: solves.append(len(half))
                         or inverse(half, backend))
     torch.manual_seed(2)
     x = torch.randn(2, 12, D_MODEL, device=DEVICE)
@@ -101,8 +112,8 @@ def test_a_stack_solves_once_per_forward_with_the_same_outputs_and_gradients(bui
 def test_decoder_init_state_solves_once(monkeypatch):
     stack = decoder()
     solves = []
-    inverse = lavo_module._unit_skew_inverse
-    monkeypatch.setattr(lavo_module, "_unit_skew_inverse", lambda half, backend: solves.append(len(half))
+    inverse = cayley_module._unit_skew_inverse
+    monkeypatch.setattr(cayley_module, "_unit_skew_inverse", lambda half, backend: solves.append(len(half))
                         or inverse(half, backend))
     stack.init_state(2, torch.randn(2, 12, D_MODEL, device=DEVICE))
     assert solves == [4 * HEADS]  # two layers, a self and a cross block each
@@ -111,9 +122,7 @@ def test_decoder_init_state_solves_once(monkeypatch):
 def test_blocks_of_different_sizes_are_grouped_apart():
     """Bases of another head size or rank are not stacked with the rest; a lone basis
     evaluates itself."""
-    torch.manual_seed(3)
-    stack = Decoder(d_model=D_MODEL, n_heads=HEADS, n_layers=2, self_attention=lavo(),
-                    cross_attention=functools.partial(LavoAttention, window=4, rank=4), d_ff=64)
+    stack = two_ranks()
     groups = sorted(len(maps) for maps in stack.bases.groups)
     assert groups == [2, 2]
     lone = Encoder(d_model=D_MODEL, n_heads=HEADS, n_layers=1, attention=lavo(), d_ff=64)
@@ -129,3 +138,36 @@ def test_a_compiled_stack_is_one_graph_and_equals_eager():
     compiled = torch.compile(stack, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(x), stack(x), atol=1e-5, rtol=1e-5)
     assert all(m.evaluated is None for m in stack.modules() if isinstance(m, CayleyBasis))
+
+
+def test_a_failed_solve_leaves_no_basis_set(monkeypatch):
+    """When the solve of a later group fails, the bases already set for an earlier one
+    are dropped too: a block called on its own afterwards evaluates its current skew."""
+    stack = two_ranks()
+    inverse, calls = cayley_module._unit_skew_inverse, []
+
+    def second_fails(half, backend):
+        calls.append(len(half))
+        if len(calls) == 2:
+            raise RuntimeError("solve failed")
+        return inverse(half, backend)
+
+    monkeypatch.setattr(cayley_module, "_unit_skew_inverse", second_fails)
+    with pytest.raises(RuntimeError, match="solve failed"):
+        stack(torch.randn(2, 12, D_MODEL, device=DEVICE))
+    maps = [m for m in stack.modules() if isinstance(m, CayleyBasis)]
+    assert all(m.evaluated is None for m in maps)
+
+
+def test_blocks_moved_to_another_dtype_solve_alone(monkeypatch):
+    """A group whose blocks no longer share a dtype is not stacked: each block solves its own."""
+    stack = encoder()
+    stack.layers[0].double()
+    solves = []
+    inverse = cayley_module._unit_skew_inverse
+    monkeypatch.setattr(cayley_module, "_unit_skew_inverse", lambda half, backend: solves.append(len(half))
+                        or inverse(half, backend))
+    with stack.bases():
+        assert all(m.evaluated is None for m in stack.modules() if isinstance(m, CayleyBasis))
+    stack.layers[0].attn.basis  # noqa: B018  (the property solves)
+    assert solves == [HEADS]

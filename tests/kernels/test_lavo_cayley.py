@@ -5,7 +5,7 @@ as through the PyTorch path. On a CPU the kernel runs under Triton's interpreter
 import pytest
 import torch
 
-from lavo_tasks.attention.lavo import CayleyBasis
+from lavo_tasks.attention.cayley import CayleyBasis
 from lavo_tasks.kernels.lavo.cayley import MAX_DIM, unit_skew_inverse
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
