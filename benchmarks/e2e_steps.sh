@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The rows of docs/benchmarks.md's "Wall and GPU time of one step": bench_e2e for each
 # task, compile mode and attention, one process each (a run that hits its time limit
-# loses its own row only), every row appended to one file, OUT/e2e_steps.jsonl.
+# loses its own row only), the rows of this invocation in one file, OUT/e2e_steps.jsonl.
 #
 #   OUT=e2e_steps TASKS="summarization tsf tts lm" MODES="reduce-overhead off" \
 #     ATTENTIONS="softmax lavo gsa" STEPS=20 LIMIT=150 bash benchmarks/e2e_steps.sh [KEY=VALUE ...]
@@ -25,12 +25,19 @@ STEPS=${STEPS:-20}
 LIMIT=${LIMIT:-150}
 PYTHON=${PYTHON:-python}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+for path in "$OUT" "${LM_DATA:-}" "${TTS_DATA:-}"; do
+  if [[ "$path" == *" "* ]]; then
+    echo "e2e_steps.sh: '$path': OUT, LM_DATA and TTS_DATA must be paths without spaces" >&2
+    exit 2
+  fi
+done
 mkdir -p "$OUT/logs"
 rows="$OUT/e2e_steps.jsonl"
+: > "$rows"
 
 if [[ " $TASKS " == *" lm "* && -z "${LM_DATA:-}" ]]; then
   LM_DATA="$OUT/lm_corpus"
-  $PYTHON - "$LM_DATA" <<'PY'
+  if $PYTHON - "$LM_DATA" <<'PY'
 import sys, sysconfig
 from pathlib import Path
 out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
@@ -48,6 +55,7 @@ for name, docs in splits.items():
     (out / name).write_text("\n\n".join(docs), encoding="utf-8")
     print(f"{out / name}: {sum(map(len, docs)) / 1e6:.1f} MB")
 PY
+  then :; else echo "e2e_steps.sh: could not write the lm corpus to $LM_DATA" >&2; exit 1; fi
 fi
 
 declare -A DATA=([lm]="data.path=${LM_DATA:-} data.tokenizer=bpe data.vocab_size=32000 data.batch_size=4"
@@ -57,8 +65,9 @@ for task in $TASKS; do
   for mode in $MODES; do
     for attention in $ATTENTIONS; do
       name="$task-$mode-$attention"
+      rm -f "$OUT/runs/$name/bench_e2e_$task.jsonl"  # a row of an earlier invocation is not this one's
       # shellcheck disable=SC2086  # DATA holds whole KEY=VALUE words
-      timeout "$LIMIT" $PYTHON -m lavo_tasks.bench_e2e "task=$task" "attentions=$attention" "compile=$mode" \
+      timeout -k 10 "$LIMIT" $PYTHON -m lavo_tasks.bench_e2e "task=$task" "attentions=$attention" "compile=$mode" \
         "steps=$STEPS" "commit=$COMMIT" "out=$OUT/runs/$name" "run.dir=$OUT/work/$task" ${DATA[$task]:-} "$@" \
         > "$OUT/logs/$name.log" 2>&1
       code=$?
