@@ -17,23 +17,24 @@ between two device synchronisations. A row: samples/s (the batch's samples), tok
 included: for an encoder-decoder both sequences), step ms (wall), and on a GPU: the
 GPU's kernel time per step (gpu ms: the device time of every kernel and copy that
 torch.profiler records over PROFILED_STEPS more steps; wall / gpu near 1 means the GPU
-is busy the whole step, far above 1 that the host holds it back), the host syncs of
-one step (operations that wait for the GPU, counted by
+is busy the whole step, far above 1 that the host holds it back), the host syncs of one
+step (operations that wait for the GPU, counted by
 torch.cuda.set_sync_debug_mode("warn")), peak memory of a step (GiB), and the parameter
 count; with `compile=reduce-overhead`, `cudagraph_skips`: the compiled graphs that
-Inductor ran without CUDA graphs (each launches its kernels from the host at every step;
-`TORCH_LOGS=cudagraphs` prints why). `compile` compiles the task's model (`lavo_tasks.compiling.compile_model`) and
-sets `trainer.compile` to the same mode, whose tasks pad their batches to a few fixed
-lengths, as a compiled training run does, and each attention compiles from a clean
-slate (`torch._dynamo.reset()` after each: no graphs or CUDA graph pools of the one
-before it); `--profile` writes, per attention, the top kernels of the profiled steps by
-GPU time, their top ops by host time (where wall time beyond the GPU's goes) and the
-source line of each host sync to OUT/profile_<task>_<attention>.txt. `commit` names the code measured in every
-row (docs/benchmarks.md keeps one line per commit, so a change's before and after stand
-side by side); by default the short hash of the git checkout the package runs from, or
-"unknown" for an installed copy. A site whose pattern the attention cannot run
-(`local` at a cross-attention site) keeps softmax, and the row says so (`cross: softmax`). An attention
-that runs out of memory gets a row with its error.
+Inductor ran without CUDA graphs during the warm-up (each launches its kernels from the
+host at every step; `TORCH_LOGS=cudagraphs` prints why). `compile` compiles the task's
+model (`lavo_tasks.compiling.compile_model`) and sets `trainer.compile` to the same
+mode, whose tasks pad their batches to a few fixed lengths, as a compiled training run
+does, and each attention compiles from a clean slate (`torch._dynamo.reset()` after
+each: no graphs or CUDA graph pools of the one before it); `--profile` writes, per
+attention, the top kernels of the profiled steps by GPU time, their top ops by host time
+(where wall time beyond the GPU's goes) and the source line of each host sync to
+OUT/profile_<task>_<attention>.txt. `commit` names the code measured in every row
+(docs/benchmarks.md keeps one line per commit, so a change's before and after stand side
+by side); by default the short hash of the git checkout the package runs from, or
+"unknown" for an installed copy. A site whose pattern the attention cannot run (`local`
+at a cross-attention site) keeps softmax, and the row says so (`cross: softmax`). An
+attention that runs out of memory gets a row with its error.
 
 Writes OUT/bench_e2e_<task>.jsonl and prints a Markdown table. Needs CUDA (tests run
 it on the CPU with `allow_cpu`).
