@@ -1,6 +1,6 @@
 """How often a task's compiled training step compiles, and whether it computes the eager
-step's loss; whether an eager step waits for the GPU (importable as `compiled_step`, like
-`tiny`).
+step's loss; whether an eager step waits for the GPU; whether a whole compiled run
+completes (importable as `compiled_step`, like `tiny`).
 
 The model is compiled with backend="aot_eager": Dynamo's frames and guards and
 AOTAutograd's forward and backward graphs, run eagerly, so the recompiles are those of
@@ -8,14 +8,16 @@ any backend (Inductor on the CPU would add minutes of C++ compiling and nothing 
 
 import copy
 import itertools
+import math
 import warnings
+from pathlib import Path
 
 import torch
 import torch._dynamo
 from lightning.pytorch.utilities import move_data_to_device
 from torch._dynamo.utils import counters
 
-from lavo_tasks import tasks
+from lavo_tasks import tasks, train
 from lavo_tasks.bench_e2e import module_and_first_batch, training_step
 from lavo_tasks.config import validate
 
@@ -112,3 +114,19 @@ def assert_training_step_sync_free(cfg):
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(loss)
+
+
+def assert_whole_compiled_run(args: list[str], run_dir: Path, mode: str = "reduce-overhead") -> dict:
+    """A whole `train.run` of `args` with trainer.compile=mode: training, validation,
+    checkpoints, the test and its generation, what bench_e2e's loop of training steps
+    leaves out. It completes with finite test metrics and best.ckpt in `run_dir`, and
+    never warns that the compiled model's inputs keep changing shape (each new shape
+    records CUDA graphs again). Returns the metrics."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = train.run([*args, f"run.dir={run_dir}", f"trainer.compile={mode}"])
+    assert metrics and all(math.isfinite(v) for v in metrics.values()), metrics
+    assert (run_dir / "checkpoints" / "best.ckpt").is_file()
+    reshaped = [str(w.message) for w in caught if "different shapes" in str(w.message)]
+    assert not reshaped, reshaped[0]
+    return metrics

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from compiled_step import assert_whole_compiled_run
 from lavo_tasks.attention import ATTENTION_NAMES
 from lavo_tasks.config import compose, site_attention, validate
 from lavo_tasks.text.corpus import SPLITS, stdlib_modules, stdlib_splits
@@ -26,13 +27,13 @@ TINY_ATTENTION = {
 }
 
 
+TINY = ["model.d_model=16", "model.n_heads=2", "model.n_layers=2", "model.d_ff=32", "data.seq_len=8",
+        "data.batch_size=8", "generate.prompt_tokens=5", "generate.max_new_tokens=6"]
+
+
 def tiny_cfg(tmp_path, attention="softmax", *extra):
-    cfg = compose([
-        "task=lm", f"attention={attention}", *TINY_ATTENTION[attention],
-        "model.d_model=16", "model.n_heads=2", "model.n_layers=2", "model.d_ff=32",
-        "data.seq_len=8", "data.batch_size=8", "generate.prompt_tokens=5", "generate.max_new_tokens=6",
-        f"run.dir={tmp_path / 'run'}", *extra,
-    ])
+    cfg = compose(["task=lm", f"attention={attention}", *TINY_ATTENTION[attention], *TINY,
+                   f"run.dir={tmp_path / 'run'}", *extra])
     validate(cfg)
     return cfg
 
@@ -360,3 +361,14 @@ def test_module_trains_and_reports_token_weighted_perplexities(tmp_path):
     assert generated.startswith("# prompt: the first 5 tokens of the test split\na qui\n# generated: 6 tokens")
     png = (tmp_path / "run" / "artifacts" / "ppl_vs_context.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.gpu
+def test_a_whole_run_compiled_with_cuda_graphs(tmp_path):
+    """Training and validation at seq_len, the test at 1-8x it and generation: each new
+    length compiles and records again, in evaluation only."""
+    corpus = small_corpus(tmp_path / "corpus")
+    metrics = assert_whole_compiled_run(["task=lm", "attention=lavo", *TINY_ATTENTION["lavo"], *TINY,
+                                         f"data.path={corpus}", "trainer.max_steps=3", "trainer.val_check_interval=3",
+                                         "trainer.enable_progress_bar=false"], tmp_path / "run")
+    assert {"test_ppl", "test_ppl_8x"} <= set(metrics)

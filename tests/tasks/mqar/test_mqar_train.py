@@ -9,7 +9,8 @@ from lavo_tasks import train
 from lavo_tasks.tasks.mqar.model import RecallModel
 from lavo_tasks.config import compose
 
-from compiled_step import assert_training_step_sync_free, eval_module_and_first_batch, with_model_output
+from compiled_step import (assert_training_step_sync_free, assert_whole_compiled_run, eval_module_and_first_batch,
+                           with_model_output)
 from test_mqar_data import TINY, TINY_ATTENTION, check_construction, tiny_cfg
 
 
@@ -59,3 +60,13 @@ def test_training_loss_is_the_mean_nll_of_the_queried_positions(tmp_path, varian
 def test_training_step_never_waits_for_the_gpu(tmp_path, attention):
     assert_training_step_sync_free(tiny_cfg(tmp_path, f"attention={attention}", *TINY_ATTENTION[attention],
                                             "data.variant=cross"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["self", "cross"])
+def test_a_whole_run_compiled_with_cuda_graphs(tmp_path, variant):
+    metrics = assert_whole_compiled_run(["task=mqar", "attention=lavo", *TINY_ATTENTION["lavo"], *TINY,
+                                         f"data.variant={variant}", "trainer.max_steps=3",
+                                         "trainer.val_check_interval=3", "trainer.enable_progress_bar=false"],
+                                        tmp_path / "run")
+    assert 0 <= metrics["test_acc"] <= 1

@@ -10,6 +10,7 @@ from rouge_score import rouge_scorer
 
 from lavo_tasks import evaluate, train
 
+from compiled_step import assert_whole_compiled_run
 from tiny import ATTENTIONS, ENCODER_DECODER, attention_args
 
 TINY = ["task=summarization", *ENCODER_DECODER, "data.tokenizer=byte", "data.batch_size=4",
@@ -72,3 +73,11 @@ def test_evaluate_reproduces_the_test_metrics(tmp_path):
     metrics = train.run([*TINY, "attention=softmax", f"data.path={data}", f"run.dir={run_dir}", "decode.beam=1",
                          "model.cross_causal=false", "metrics.rouge_stemming=false"])
     assert evaluate.run([f"run.dir={run_dir}"]) == pytest.approx(metrics)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cross", ["NC", "CC"])
+def test_a_whole_run_compiled_with_cuda_graphs(tmp_path, cross):
+    data = write_dataset(tmp_path / "data")
+    assert_whole_compiled_run([*TINY, "attention=lavo", *attention_args("lavo", window=4, slots=5),
+                               f"data.path={data}", f"model.cross_causal={str(cross == 'CC').lower()}"], tmp_path / "run")

@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 import lavo_tasks.run.commands
+from compiled_step import assert_whole_compiled_run
 from lavo_tasks import evaluate, train
 from lavo_tasks.config import compose
 from lavo_tasks.tasks.tsf.data import TSFDataModule
@@ -226,6 +227,17 @@ def test_train_few_steps(tmp_path, attention):
         "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=2",
         "trainer.limit_test_batches=3", "trainer.enable_progress_bar=false", "data.batch_size=16",
     ])
+    check_run(run_dir, metrics)
+
+
+@pytest.mark.gpu
+def test_a_whole_run_compiled_with_cuda_graphs(tmp_path):
+    run_dir = tmp_path / "run"
+    metrics = assert_whole_compiled_run([
+        "task=tsf", "attention=lavo", *TINY, *ATTENTION_ARGS["lavo"], "trainer.max_steps=3",
+        "trainer.val_check_interval=3", "trainer.limit_val_batches=2", "trainer.limit_test_batches=3",
+        "trainer.enable_progress_bar=false", "data.batch_size=16",
+    ], run_dir)
     check_run(run_dir, metrics)
 
 

@@ -10,6 +10,7 @@ import soundfile as sf
 from lavo_tasks import train
 from lavo_tasks.errors import ConfigError
 
+from compiled_step import assert_whole_compiled_run
 from tiny import ATTENTIONS, ENCODER_DECODER, attention_args
 
 TINY = [*ENCODER_DECODER, "model.conv_channels=16", "model.prenet_dim=16", "data.batch_size=4", "decode.max_frames=24",
@@ -85,3 +86,10 @@ def test_local_cannot_be_the_cross_attention(tmp_path):
 def test_bad_task_keys(arg, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
         train.run(["task=tts", *arg.split(), f"run.dir={tmp_path}"])
+
+
+@pytest.mark.gpu
+def test_a_whole_run_compiled_with_cuda_graphs(dataset, tmp_path):
+    metrics = assert_whole_compiled_run(["task=tts", "attention=lavo", *attention_args("lavo", window=8, slots=4),
+                                         f"data.path={dataset}", *TINY], tmp_path / "run")
+    assert METRICS <= set(metrics)
