@@ -97,9 +97,9 @@ def test_each_compiled_attention_starts_from_a_clean_slate(tmp_path, monkeypatch
     calls = []
     monkeypatch.setattr(bench_e2e, "compile_model", lambda model, mode: model.compile(backend="aot_eager"))
     monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append(len(calls)))
-    rows = bench_e2e.bench(["task=tsf", "attentions=softmax,gsa", "steps=1", f"compile={mode}", f"out={tmp_path}",
+    rows = bench_e2e.bench(["task=tsf", "attentions=softmax,local", "steps=1", f"compile={mode}", f"out={tmp_path}",
                             *TSF_SMALL], allow_cpu=True)
-    assert [r["attention"] for r in rows] == ["softmax", "gsa"]
+    assert [r["attention"] for r in rows] == ["softmax", "local"]
     assert len(calls) == resets
 
 
