@@ -2,6 +2,7 @@
 
 import inspect
 import json
+import types
 import warnings
 
 import pytest
@@ -123,3 +124,15 @@ def test_compiled_graphs_run_without_cuda_graphs_are_counted(tmp_path, monkeypat
     cpu = torch.device("cpu")
     assert bench_e2e.training_throughput(cfg, 1, cpu, "reduce-overhead")["cudagraph_skips"] == 1
     assert "cudagraph_skips" not in bench_e2e.training_throughput(cfg, 1, cpu, "default")
+
+
+def test_a_row_keeps_the_fastest_timed_window(tmp_path, monkeypatch):
+    """Three windows of `steps` steps timed 3 s, 1 s and 2 s (a stand-in clock): the row's
+    step time is the fastest window's over its steps."""
+    ticks = iter([1.0, 4.0, 10.0, 11.0, 20.0, 22.0])
+    monkeypatch.setattr(bench_e2e, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    cfg, _ = bench_e2e.bench_config("tsf", "softmax", [f"run.dir={tmp_path}", *TSF_SMALL])
+    row = bench_e2e.training_throughput(cfg, 4, torch.device("cpu"))
+    assert bench_e2e.TIMED_WINDOWS == row["timed_windows"] == 3
+    assert row["step_ms"] == pytest.approx(1000 / 4)
+    assert row["samples_per_s"] == pytest.approx(4 * row["batch"] / 1.0)
