@@ -25,10 +25,16 @@ def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
     return torch.float64 if torch.float64 in dtypes else torch.float32
 
 
+def next_pow2(n: int) -> int:
+    """The smallest power of 2 >= n >= 1 (triton.next_power_of_2 without its per-call
+    wrapper, a few µs of host time on every launch)."""
+    return 1 << (n - 1).bit_length()
+
+
 def tile_width(n: int) -> int:
     """The width of a Triton tile that holds n >= 1 columns: the smallest power of 2 that
-    is >= n, and at least MIN_DOT (what `max(16, triton.next_power_of_2(n))` gives)."""
-    return max(MIN_DOT, 1 << (n - 1).bit_length())
+    is >= n, and at least MIN_DOT."""
+    return max(MIN_DOT, next_pow2(n))
 
 
 def interpreted() -> bool:

@@ -37,7 +37,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from . import tasks
 from .attention import ATTENTION_NAMES
-from .bench_e2e import bench_config, checkout_commit, record
+from .bench_e2e import bench_config, checkout_commit, fastest_seconds, record
 from .config import split_args
 from .errors import ConfigError
 from .generation import _leaves, generate, generate_frames
@@ -46,7 +46,7 @@ from .run.cli import run_cli
 TASKS = ("lm", "summarization", "tts")
 MODES = {"eager": False, "graph": True}
 SHORT = 8  # tokens of the short run whose figures are subtracted
-REPEATS = 3  # timed calls of each run, the fastest kept
+REPEATS = 3  # timed calls of each run, the fastest kept (the capture's host time varies)
 # The lm cab preset's context (8,192) makes the default corpus's test split too short for
 # the DataModule's check; the spec (the vocabulary) does not depend on it, nor the model.
 DATA_OVERRIDES = {"lm": ["data.seq_len=1024"]}
@@ -126,18 +126,6 @@ def _kernels(run) -> tuple[int, float]:
     return len(kernels), sum(e.time_range.elapsed_us() for e in kernels) / 1e3
 
 
-def _seconds(run) -> float:
-    """The fastest of REPEATS timed calls of run() (the capture's host time varies)."""
-    times = []
-    for _ in range(REPEATS):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        run()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def measure(prepare, run, tokens: int, cuda_graph: bool) -> dict:
     """Per-token figures of decode_run's (prepare, run): long run minus short run, from
     one prepared state; the memory above the weights (what was allocated before prepare)."""
@@ -157,7 +145,7 @@ def measure(prepare, run, tokens: int, cuda_graph: bool) -> dict:
         run(state, SHORT + PROFILED, cuda_graph)
 
     short(), long(), profiled()  # compiles, autotunes, library plans for every length
-    wall = (_seconds(long) - _seconds(short)) / tokens
+    wall = (fastest_seconds(long, REPEATS) - fastest_seconds(short, REPEATS)) / tokens
     (k_long, gpu_long), (k_short, gpu_short) = _kernels(profiled), _kernels(short)
     torch.cuda.reset_peak_memory_stats()
     long()

@@ -156,16 +156,15 @@ def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str
         if on_gpu:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        windows = []
-        for _ in range(TIMED_WINDOWS):
-            start = time.perf_counter()
+        losses = []
+
+        def window():
             for _ in range(steps):
                 loss = step()
-            loss = float(loss)  # waits for the last step
-            if on_gpu:
-                torch.cuda.synchronize()
-            windows.append(time.perf_counter() - start)
-        seconds = min(windows)
+            losses.append(float(loss))  # waits for the last step
+
+        seconds = fastest_seconds(window, TIMED_WINDOWS)
+        loss = losses[-1]
         samples = extract_batch_size(batch)
         row = {"batch": samples, "samples_per_s": steps * samples / seconds,
                "tokens_per_s": steps * tokens_per_step / seconds, "tokens_per_step": tokens_per_step,
@@ -183,6 +182,22 @@ def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str
                     out.write("host syncs of one step (the Python line that called the op):\n"
                               + "".join(f"  {place}\n" for place in syncs))
     return row
+
+
+def fastest_seconds(run, repeats: int) -> float:
+    """The fastest of `repeats` calls of run(), each timed between two device
+    synchronisations (on a GPU). Shared by the benchmarks of this package: the GPU
+    machine's host is shared, and host-bound times move with its load."""
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        run()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def host_syncs(step) -> list[str]:

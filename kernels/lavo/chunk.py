@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..common import KERNEL_DTYPES, MIN_DOT, tile_width
+from ..common import KERNEL_DTYPES, MIN_DOT, next_pow2, tile_width
 from .chunk_bwd import lavo_delta_kernel, lavo_dkv_kernel, lavo_mem_bwd_kernel, lavo_mem_sums_kernel
 from .chunk_fwd import chunk_value_sums_kernel, lavo_fwd_kernel
 from .chunk_scan import chunk_range_sums
@@ -422,7 +422,7 @@ def lavo_chunk_backward(do, q, k, v, o, lse, saved, basis, rel_bias, mem_bias, k
     common = dict(_pick(meta, ("D", "BD", "RB", "NRB", "C", "NS", "HAS_MASK", "QMASK", "PREC")), BATCHED=layout.batched)
     lavo_mem_bwd_kernel[(groups, heads, nrb)](
         q, v, do, lse, delta, p.bas, p.mu, saved.pre, p.cnt, p.kvm, *layout.qargs, dq_mem, db_part, dmu_part, dvl,
-        wsum, heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, _next_pow2(segments)),
+        wsum, heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, next_pow2(segments)),
         **common, **LAUNCH["mem_bwd"],
     )
     if nrb > 1:  # the sums over the rank blocks: memory dq, value-gradient parts
@@ -436,7 +436,7 @@ def lavo_chunk_backward(do, q, k, v, o, lse, saved, basis, rel_bias, mem_bias, k
     chunk_range_sums(wsum, layout.seqs, suf, layout.longest, suffix=True, total=layout.noncausal)
     # CC, target longer than the source: query blocks past the source (a power of 2,
     # so that few lengths compile their own kernel)
-    tail = _next_pow2(-(-(n - m) // meta["C"]) + 1) if n > m and meta["NKB"] else 0
+    tail = next_pow2(-(-(n - m) // meta["C"]) + 1) if n > m and meta["NKB"] else 0
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     lavo_dkv_kernel[(layout.nk, heads)](
@@ -453,12 +453,6 @@ def lavo_chunk_backward(do, q, k, v, o, lse, saved, basis, rel_bias, mem_bias, k
 def _cast(x, dtype):
     """x in dtype, with no op when it already is."""
     return x if x.dtype == dtype else x.to(dtype)
-
-
-def _next_pow2(x):
-    """The smallest power of 2 >= x >= 1 (triton.next_power_of_2 without its per-call
-    wrapper, a few µs of host time on every launch)."""
-    return 1 << (x - 1).bit_length()
 
 
 # compile-time arguments of the forward and dkv kernels

@@ -19,6 +19,8 @@ import math
 import triton
 import triton.language as tl
 
+from ..common import next_pow2
+
 SCAN_ROWS = 64  # chunks per tile (TB)
 SCAN_COLS = 64  # columns per program (BW)
 
@@ -100,7 +102,7 @@ def chunk_range_sums(totals, seqs, out, longest, *, suffix, total):
     [sequences, 4] table; `longest`: the most chunks of one sequence, queries or keys)."""
     width = math.prod(totals.shape[1:])
     tiles = -(-longest // SCAN_ROWS)
-    tiles = 1 << (tiles - 1).bit_length() if tiles else 0  # a power of 2 (triton.next_power_of_2, no wrapper)
+    tiles = next_pow2(tiles) if tiles else 0
     chunk_range_sums_kernel[(seqs.shape[0], -(-width // SCAN_COLS))](
         totals.contiguous(), out, seqs, width, TILES=tiles, TB=SCAN_ROWS, BW=SCAN_COLS, SUFFIX=suffix, TOTAL=total,
         num_warps=4,
