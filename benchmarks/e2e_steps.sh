@@ -9,11 +9,14 @@
 # LIMIT: seconds a run may take (compiling one task's model takes 40-100 s on an H200).
 # COMMIT: the code measured (bench_e2e's commit=; default: the checkout's short hash).
 # TTS_DATA: a folder in the LJSpeech layout for tts (default: the embedded espeak set,
-# built once per machine into the default-data cache). lm needs a corpus long enough for
-# the cab context (8,192 tokens a sample, 8 samples in its test split): LM_DATA, a folder
-# with train.txt, valid.txt and test.txt; when it is not given, the Python standard
-# library's own sources are written to OUT/lm_corpus (every 20th file to valid and to test,
-# about 10 MB of the rest to train).
+# built once per machine into the default-data cache).
+# lm needs a corpus long enough for the cab context (8,192 tokens a sample, 8 samples in
+# its test split), summarization one whose sources fill the cab preset's 4,096 positions
+# (the embedded docstrings take about 256): LM_DATA, a folder with train.txt, valid.txt and
+# test.txt, and SUM_DATA, a folder of {train,val,test}.jsonl ("document", "summary"; batch
+# 4, as #27's protocol), or SUM_DATA=embedded for the task's embedded data at its batch of
+# 16. When they are not given, benchmarks/e2e_corpora.py writes both from the Python
+# standard library's sources to OUT/lm_corpus and OUT/summarization_corpus.
 # Extra KEY=VALUE arguments go to every run. Each run's log is OUT/logs/<task>-<mode>-<attention>.log;
 # the runs of a task share OUT/work/<task> (its default data, caches and tokenizer, built once).
 set -uo pipefail
@@ -25,9 +28,9 @@ STEPS=${STEPS:-20}
 LIMIT=${LIMIT:-150}
 PYTHON=${PYTHON:-python}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-for path in "$OUT" "${LM_DATA:-}" "${TTS_DATA:-}"; do
+for path in "$OUT" "${LM_DATA:-}" "${TTS_DATA:-}" "${SUM_DATA:-}"; do
   if [[ "$path" == *" "* ]]; then
-    echo "e2e_steps.sh: '$path': OUT, LM_DATA and TTS_DATA must be paths without spaces" >&2
+    echo "e2e_steps.sh: '$path': OUT, LM_DATA, TTS_DATA and SUM_DATA must be paths without spaces" >&2
     exit 2
   fi
 done
@@ -35,30 +38,25 @@ mkdir -p "$OUT/logs"
 rows="$OUT/e2e_steps.jsonl"
 : > "$rows"
 
+HERE=$(cd "$(dirname "$0")" && pwd)
 if [[ " $TASKS " == *" lm "* && -z "${LM_DATA:-}" ]]; then
   LM_DATA="$OUT/lm_corpus"
-  if $PYTHON - "$LM_DATA" <<'PY'
-import sys, sysconfig
-from pathlib import Path
-out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
-files = sorted(p for p in Path(sysconfig.get_paths()["stdlib"]).rglob("*.py") if "site-packages" not in p.parts)
-texts = [p.read_text(encoding="utf-8", errors="replace") for p in files]
-splits = {"valid.txt": texts[0::20], "test.txt": texts[1::20]}
-train, size = [], 0
-for text in (t for i, t in enumerate(texts) if i % 20 > 1):  # ~10 MB: the BPE trains on it in seconds
-    if size > 10e6:
-        break
-    train.append(text)
-    size += len(text)
-splits["train.txt"] = train
-for name, docs in splits.items():
-    (out / name).write_text("\n\n".join(docs), encoding="utf-8")
-    print(f"{out / name}: {sum(map(len, docs)) / 1e6:.1f} MB")
-PY
-  then :; else echo "e2e_steps.sh: could not write the lm corpus to $LM_DATA" >&2; exit 1; fi
+  $PYTHON "$HERE/e2e_corpora.py" lm "$LM_DATA" || { echo "e2e_steps.sh: could not write the lm corpus to $LM_DATA" >&2; exit 1; }
+fi
+SUM_DATA=${SUM_DATA:-}
+if [[ " $TASKS " == *" summarization "* && -z "$SUM_DATA" ]]; then
+  SUM_DATA="$OUT/summarization_corpus"
+  $PYTHON "$HERE/e2e_corpora.py" summarization "$SUM_DATA" \
+    || { echo "e2e_steps.sh: could not write the summarization corpus to $SUM_DATA" >&2; exit 1; }
+fi
+if [[ "$SUM_DATA" == embedded ]]; then
+  SUM_ARGS=""
+else
+  SUM_ARGS="data.path=$SUM_DATA data.format=jsonl data.tokenizer=bpe data.vocab_size=32000 data.batch_size=4"
 fi
 
 declare -A DATA=([lm]="data.path=${LM_DATA:-} data.tokenizer=bpe data.vocab_size=32000 data.batch_size=4"
+                 [summarization]="$SUM_ARGS"
                  [tts]="${TTS_DATA:+data.path=$TTS_DATA}")
 status=0
 for task in $TASKS; do
