@@ -7,7 +7,10 @@ per op, and the tests and `benchmarks/` scripts patch them there (docs/design.md
 This module imports torch only, so the PyTorch paths use it without Triton installed.
 """
 
+import concurrent.futures
+import functools
 import os
+import threading
 
 import torch
 
@@ -41,3 +44,51 @@ def interpreted() -> bool:
     """Whether Triton runs its kernels in the interpreter (TRITON_INTERPRET=1, read when
     triton.jit decorates a kernel: the kernel modules ask once, at their import)."""
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+_TABLE_BUILDER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-tables")
+_on_builder = threading.local()
+
+
+def shape_cache(maxsize: int):
+    """functools.lru_cache for the index tables the kernels build once per shape, whose
+    arguments include the `torch.device` the tables live on.
+
+    A cached tensor outlives the call that made it, so it must not come from a CUDA graph's
+    private memory pool: torch.compile's CUDA graph trees route every allocation of the
+    thread that warms up or records a graph into that pool, which later replays overwrite
+    (and whose warm-up refuses tensors it does not track as outputs). So a miss builds
+    its value on a thread of its own, whose allocations stay in the default pool, in the
+    caller's current stream (the caller waits for it: the work is ordered as if built
+    in place). A miss while a CUDA graph is being captured raises: the tables of every
+    shape are built when the graph is warmed up, which always comes first."""
+
+    def decorate(build):
+        def on_builder(device, stream, args):
+            _on_builder.active = True
+            try:
+                if stream is None:
+                    return build(*args)
+                with torch.cuda.device(device), torch.cuda.stream(stream):
+                    return build(*args)
+            finally:
+                _on_builder.active = False
+
+        @functools.lru_cache(maxsize)
+        @functools.wraps(build)
+        def cached(*args):
+            if getattr(_on_builder, "active", False):  # a table built from another one
+                return build(*args)
+            device = next((a for a in args if isinstance(a, torch.device)), None)
+            stream = None
+            if device is not None and device.type == "cuda":
+                if torch.cuda.is_current_stream_capturing():
+                    raise RuntimeError(f"{build.__name__}{args}: a table first needed while a CUDA graph is captured; "
+                                       "run the graph's shapes once before capturing it")
+                device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+                stream = torch.cuda.current_stream(device)
+            return _TABLE_BUILDER.submit(on_builder, device, stream, args).result()
+
+        return cached
+
+    return decorate

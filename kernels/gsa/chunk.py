@@ -28,12 +28,11 @@ Sequences are packed token-major ([B, T, H, D] viewed as [B*T, H, D]); `cu_seqle
 gives the same layout with unequal lengths. Inputs are validated by `gsa_attn`.
 """
 
-import functools
 
 import torch
 import triton
 
-from ..common import KERNEL_DTYPES, interpreted, tile_width
+from ..common import KERNEL_DTYPES, interpreted, shape_cache, tile_width
 from . import chunk_kernels as K
 from . import whole_chunk_kernels as W
 from .state import GsaState
@@ -64,7 +63,7 @@ COL_BLOCK = 64
 WHILE_LOOPS = interpreted()
 
 
-@functools.lru_cache(maxsize=64)
+@shape_cache(maxsize=64)
 def _layout(lengths: tuple, device: torch.device):
     """Index tables of the packed sequences (int64, on `device`).
 
