@@ -27,7 +27,8 @@ from .chunk_scan import chunk_range_sums
 
 CHUNK = 64  # positions per chunk: query block = key block = memory chunk
 WIDE_CHUNK = 32  # the chunk for head dims over 128, so that [chunk, dim] tiles fit in registers
-DQ_GROUP = 8  # query chunks per program of the memory backward (one dB partial sum each)
+DQ_GROUP = 8  # query chunks per program of the memory backward at most (one dB partial sum each)
+WAVES = 2  # the memory backward takes fewer chunks a program while its grid fills fewer SM waves
 DELTA_TILE = 4096  # elements of o per program of the Delta kernel
 RANK_BLOCK = 64  # basis rows per step of the memory loops
 MAX_HEAD_DIM = 256
@@ -406,9 +407,10 @@ def lavo_chunk_backward(do, q, k, v, o, lse, saved, basis, rel_bias, mem_bias, k
     n, heads, d = q.shape[1:]
     m, rank = k.shape[1], basis.shape[1]
     nq = layout.nq
-    groups = -(-nq // DQ_GROUP)
     f32 = dict(dtype=torch.float32, device=q.device)
     nrb = meta["NRB"]
+    group = _memory_group(nq, heads * nrb, q.device)
+    groups = -(-nq // group)
     dq_mem = torch.empty(q.shape, **f32)
     delta = torch.empty_like(lse)  # [rows, H]
     block = DELTA_TILE // meta["BD"]  # (row, head) pairs per program
@@ -422,13 +424,13 @@ def lavo_chunk_backward(do, q, k, v, o, lse, saved, basis, rel_bias, mem_bias, k
     common = dict(_pick(meta, ("D", "BD", "RB", "NRB", "C", "NS", "HAS_MASK", "QMASK", "PREC")), BATCHED=layout.batched)
     lavo_mem_bwd_kernel[(groups, heads, nrb)](
         q, v, do, lse, delta, p.bas, p.mu, saved.pre, p.cnt, p.kvm, *layout.qargs, dq_mem, db_part, dmu_part, dvl,
-        wsum, heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, BS=max(2, next_pow2(segments)),
+        wsum, heads, nq, scale, R=rank, GROUP=group, SEG=segments, BS=max(2, next_pow2(segments)),
         **common, **LAUNCH["mem_bwd"],
     )
     if nrb > 1:  # the sums over the rank blocks: memory dq, value-gradient parts
         lavo_mem_sums_kernel[(groups, heads)](
             q, v, do, lse, delta, p.bas, p.mu, saved.pre, p.cnt, p.kvm, *layout.qargs, dq_mem, dvl, wsum,
-            heads, nq, scale, R=rank, GROUP=DQ_GROUP, SEG=segments, **common, **LAUNCH["mem_sums"],
+            heads, nq, scale, R=rank, GROUP=group, SEG=segments, **common, **LAUNCH["mem_sums"],
         )
     # the window's bias gradient, added by atomics (NC has no window: nothing to add)
     drho = torch.zeros_like(p.rho) if rel_bias is not None else p.rho
@@ -448,6 +450,28 @@ def lavo_chunk_backward(do, q, k, v, o, lse, saved, basis, rel_bias, mem_bias, k
     dmu = dmu_part.sum((0, 1) if mem_bias.dim() == 2 else (0, 1, 3))  # [H, S], or [H]: one bias for all segments
     drel = _cast(drho, rel_bias.dtype) if rel_bias is not None else None
     return dq, dk, dv, _cast(db_part.sum(0), basis.dtype), drel, _cast(dmu, mem_bias.dtype)
+
+
+def _memory_group(chunks: int, per_group: int, device: torch.device) -> int:
+    """Query chunks per program of the memory backward, whose grid has `per_group`
+    programs (heads x rank blocks) per group of chunks: DQ_GROUP, halved while the grid
+    would hold fewer than WAVES programs per SM. Each program runs its chunks one after another, so at a few
+    thousand tokens (a summarizer's 256-position decoder: 32 programs of 8 chunks on 132
+    SMs) the whole grid waited on them. Powers of 2, so at most 4 variants compile. On
+    the CPU (Triton's interpreter) DQ_GROUP, which keeps the tests on groups that end
+    past the last chunk."""
+    if device.type != "cuda":
+        return DQ_GROUP
+    slots = WAVES * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    group = DQ_GROUP
+    while group > 1 and -(-chunks // group) * per_group < slots:
+        group //= 2
+    return group
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _cast(x, dtype):

@@ -83,6 +83,18 @@ def test_causal_self_padding_many_groups():
     check_against_reference(small_chunks, inputs, **options(20, kv_mask=mask))
 
 
+@pytest.mark.parametrize("chunks, per_group, expected", [
+    (1024, 16, 8),  # the protocol shape (65,536 tokens, 16 heads): 2,048 programs of 8 chunks
+    (256, 8, 4),  # a 4 x 4,096 source, 8 heads: 256 programs of 8 would fill less than 2 waves
+    (32, 8, 1),  # a summarizer's 16 x 256 decoder: 256 programs of 1 (32 of 8 before)
+    (5, 1, 1),
+])
+def test_memory_backward_groups_fill_two_waves_of_the_sms(monkeypatch, chunks, per_group, expected):
+    monkeypatch.setattr(chunk, "_sm_count", lambda index: 132)  # an H200
+    assert chunk._memory_group(chunks, per_group, torch.device("cuda", 0)) == expected
+    assert chunk._memory_group(chunks, per_group, torch.device("cpu")) == DQ_GROUP  # the interpreter's tests
+
+
 @pytest.mark.parametrize("n", [9, 12])
 def test_public_entry_odd_sizes(n):
     # the default chunk (one partial chunk), head dim 8, rank 4
