@@ -121,10 +121,15 @@ def assert_whole_compiled_run(args: list[str], run_dir: Path, mode: str = "reduc
     checkpoints, the test and its generation, what bench_e2e's loop of training steps
     leaves out. It completes with finite test metrics and best.ckpt in `run_dir`, and
     never warns that the compiled model's inputs keep changing shape (each new shape
-    records CUDA graphs again). Returns the metrics."""
+    records CUDA graphs again). Returns the metrics. Dynamo and the CUDA graph trees are
+    reset afterwards, so the next run in the process (an xdist worker runs several)
+    starts from a clean slate, as a run of its own would."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        metrics = train.run([*args, f"run.dir={run_dir}", f"trainer.compile={mode}"])
+        try:
+            metrics = train.run([*args, f"run.dir={run_dir}", f"trainer.compile={mode}"])
+        finally:
+            torch._dynamo.reset()
     assert metrics and all(math.isfinite(v) for v in metrics.values()), metrics
     assert (run_dir / "checkpoints" / "best.ckpt").is_file()
     reshaped = [str(w.message) for w in caught if "different shapes" in str(w.message)]
