@@ -5,10 +5,17 @@ Nothing here loops over points in Python: FPS loops over the samples it draws (e
 step vectorised over the batch and all points), the distance functions loop over chunks
 of query points so that at most `max_elements` pairwise distances exist at once (a 16K x
 16K matrix would be 1 GiB per cloud in fp32): by default MAX_ELEMENTS on the CPU and
-MAX_ELEMENTS_CUDA on a GPU, where fewer, larger chunks save kernel launches.
+MAX_ELEMENTS_CUDA on a GPU, where fewer, larger chunks save kernel launches. On the CPU
+the nearest neighbours of Chamfer come from open3d's k-d tree instead, one search per
+cloud: it visits a few dozen candidates per point where the matmul form visits all of
+them (a test batch of 16 clouds, 1,536 against 8,192 points, takes 0.05 s that way
+against 0.8 s on two cores).
 """
 
+import numpy as np
 import torch
+
+from ...open3d import load as load_open3d
 
 # Pairwise distances held at once by the chunked functions: 64 MiB of fp32 on the CPU,
 # 1 GiB on a GPU.
@@ -75,25 +82,45 @@ def knn(queries: torch.Tensor, points: torch.Tensor, k: int, max_elements: int |
     return torch.cat(parts, dim=1)
 
 
-def nearest_squared_distances(a: torch.Tensor, b: torch.Tensor, max_elements: int | None = None) -> torch.Tensor:
-    """[B, N]: the squared distance from each point of a [B, N, 3] to its nearest point of
-    b [B, M, 3]. The nearest point is found with the matmul form in chunks of a's points;
-    the distance is then recomputed from the two points' difference, so it is exact (0
-    for a point of a that is in b) and its gradient flows to both clouds."""
+@torch.no_grad()
+def nearest_by_matmul(a: torch.Tensor, b: torch.Tensor, max_elements: int | None = None) -> torch.Tensor:
+    """Indices [B, N] of the point of b [B, M, 3] nearest to each point of a [B, N, 3],
+    from the matmul form in chunks of a's points (ties: any of the equally near)."""
     rows = _chunk_rows(a.shape[0], b.shape[1], max_elements, a.device)
-    parts = []
-    for chunk in a.split(rows, dim=1):  # [B, n, 3]
-        with torch.no_grad():
-            nearest = _ranking_distances(chunk, b).argmin(dim=-1)  # [B, n]
-        parts.append((chunk - gather_points(b, nearest)).square().sum(-1))
-    return torch.cat(parts, dim=1)
+    return torch.cat([_ranking_distances(chunk, b).argmin(dim=-1) for chunk in a.split(rows, dim=1)], dim=1)
 
 
-def chamfer_squared(prediction: torch.Tensor, truth: torch.Tensor, max_elements: int | None = None):
+@torch.no_grad()
+def nearest_by_tree(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`nearest_by_matmul` for CPU tensors through open3d's exact k-d tree search
+    (nanoflann), one tree per cloud of b; float32 and float64 points search in their own
+    precision, others in float32."""
+    o3c = load_open3d().core
+    dtype = a.dtype if a.dtype in (torch.float32, torch.float64) else torch.float32
+    nearest = np.empty(a.shape[:2], dtype=np.int64)
+    for i, (points, queries) in enumerate(zip(b.to(dtype), a.to(dtype))):
+        search = o3c.nns.NearestNeighborSearch(o3c.Tensor.from_numpy(np.ascontiguousarray(points.numpy())))
+        search.knn_index()
+        index, _ = search.knn_search(o3c.Tensor.from_numpy(np.ascontiguousarray(queries.numpy())), 1)
+        nearest[i] = index.numpy()[:, 0]  # a copy: no open3d buffer outlives the search
+    return torch.from_numpy(nearest)
+
+
+def nearest_squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[B, N]: the squared distance from each point of a [B, N, 3] to its nearest point of
+    b [B, M, 3]. The nearest point is found without gradient (`nearest_by_tree` on the
+    CPU, `nearest_by_matmul` elsewhere); the distance is then recomputed from the two
+    points' difference, so it is exact (0 for a point of a that is in b) and its gradient
+    flows to both clouds."""
+    search = nearest_by_tree if a.device.type == "cpu" else nearest_by_matmul
+    nearest = search(a.detach(), b.detach())  # [B, N]
+    return (a - gather_points(b, nearest)).square().sum(-1)
+
+
+def chamfer_squared(prediction: torch.Tensor, truth: torch.Tensor):
     """(d1 [B, N], d2 [B, M]): squared nearest-neighbour distances prediction -> truth and
     truth -> prediction, for prediction [B, N, 3] and truth [B, M, 3]."""
-    return (nearest_squared_distances(prediction, truth, max_elements),
-            nearest_squared_distances(truth, prediction, max_elements))
+    return nearest_squared_distances(prediction, truth), nearest_squared_distances(truth, prediction)
 
 
 def chamfer_l1_loss(prediction: torch.Tensor, truth: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:

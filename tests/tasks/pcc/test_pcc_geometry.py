@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lavo_tasks.tasks.pcc.geometry import (chamfer_l1_loss, chamfer_squared, farthest_point_sample, gather_points,
-                                           knn, nearest_squared_distances)
+                                           knn, nearest_by_matmul, nearest_by_tree, nearest_squared_distances)
 from lavo_tasks.tasks.pcc.metrics import CompletionScores, completion_metrics
 
 
@@ -86,13 +86,38 @@ def test_fscore_by_hand():
     assert figures["cd_l1"].item() == pytest.approx(l1)
 
 
-def test_chunked_equals_dense():
+def _brute_nearest(a, b):
+    """The squared distance to the nearest point, from every pair's difference (float64)."""
+    return (a[:, :, None].double() - b[:, None].double()).square().sum(-1).min(dim=2).values
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_both_nearest_searches_find_the_nearest_point(dtype):
     g = torch.Generator().manual_seed(4)
-    a, b = torch.rand(2, 300, 3, generator=g, dtype=torch.float64), torch.rand(2, 200, 3, generator=g, dtype=torch.float64)
-    dense = torch.cdist(a, b).square().min(dim=2).values
-    assert torch.allclose(nearest_squared_distances(a, b), dense)
-    assert torch.allclose(nearest_squared_distances(a, b, max_elements=2 * 200 * 7), dense)  # chunks of 7 rows
-    assert torch.allclose(nearest_squared_distances(a, b, max_elements=1), dense)            # one row at a time
+    a, b = torch.rand(2, 300, 3, generator=g, dtype=dtype), torch.rand(2, 200, 3, generator=g, dtype=dtype)
+    a[:, :50] = b[:, :50]  # points of a that are in b: distance 0
+    b[1, 100:] = b[1, 0]   # one cloud with 100 copies of a point (ties)
+    dense = _brute_nearest(a, b)
+    rel = dict(rtol=1e-12, atol=0) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-9)
+    searches = {
+        "tree": nearest_by_tree(a, b),
+        "matmul": nearest_by_matmul(a, b),
+        "matmul, chunks of 7 rows": nearest_by_matmul(a, b, max_elements=2 * 200 * 7),
+        "matmul, one row at a time": nearest_by_matmul(a, b, max_elements=1),
+    }
+    for name, nearest in searches.items():
+        assert nearest.shape == (2, 300) and nearest.dtype == torch.long, name
+        found = (a.double() - gather_points(b.double(), nearest)).square().sum(-1)
+        torch.testing.assert_close(found, dense, **rel, msg=lambda m: f"{name}: {m}")
+    assert torch.all(nearest_squared_distances(a, b)[:, :50] == 0)
+    torch.testing.assert_close(nearest_squared_distances(a, b).double(), dense, **rel)
+
+
+def test_the_tree_search_takes_bf16_clouds_and_one_point_clouds():
+    a = torch.tensor([[[0.0, 0, 0], [2, 0, 0]]], dtype=torch.bfloat16)
+    b = torch.tensor([[[1.5, 0, 0]]], dtype=torch.bfloat16)
+    assert nearest_by_tree(a, b).tolist() == [[0, 0]]
+    assert nearest_by_tree(b, a).tolist() == [[1]]
 
 
 def test_chamfer_loss_gradient_moves_points_closer():
