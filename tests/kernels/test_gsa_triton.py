@@ -141,6 +141,18 @@ def test_noncausal_self_with_padding():
     _assert_matches_reference(xs, _states(2, 1, 12, 20, 5), causal=False, kv_mask=mask)
 
 
+def test_noncausal_self_in_bf16_is_the_rounded_fp32_mean_of_the_two_scans():
+    """NS averages in bf16: rounding the sum once and halving it exactly gives, bit for
+    bit, the fp32 mean of the two scans rounded to bf16."""
+    q, k, v, log_alpha = (x.to(torch.bfloat16) for x in _inputs(2, 21, 21, seed=9))
+    forward, _ = chunk_gsa_attn(q, k, v, log_alpha)
+    backward, _ = chunk_gsa_attn(*(x.flip(1) for x in (q, k, v, log_alpha)))
+    want = ((forward.float() + backward.flip(1).float()) / 2).to(torch.bfloat16)
+    got, _ = chunk_gsa_attn(q, k, v, log_alpha, causal=False)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("n,m", [(21, 34), (34, 21)])
 def test_causal_cross(n, m):
     xs = _inputs(2, n, m, seed=7)
