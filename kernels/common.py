@@ -50,45 +50,48 @@ _TABLE_BUILDER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_nam
 _on_builder = threading.local()
 
 
-def shape_cache(maxsize: int):
-    """functools.lru_cache for the index tables the kernels build once per shape, whose
+def build_on_table_thread(build, args, stream=None):
+    """`build(*args)` run on the table builder's thread, in `stream` (a CUDA stream, or
+    None), the caller waiting for it; a table that `build` asks for from another
+    `shape_cache` is built in place on that thread."""
+
+    def run():
+        _on_builder.active = True
+        try:
+            if stream is None:
+                return build(*args)
+            with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+                return build(*args)
+        finally:
+            _on_builder.active = False
+
+    return _TABLE_BUILDER.submit(run).result()
+
+
+def shape_cache(build):
+    """functools.cache for the index tables the kernels build once per shape, whose
     arguments include the `torch.device` the tables live on.
 
-    A cached tensor outlives the call that made it, so it must not come from a CUDA graph's
-    private memory pool: torch.compile's CUDA graph trees route every allocation of the
-    thread that warms up or records a graph into that pool, which later replays overwrite
-    (and whose warm-up refuses tensors it does not track as outputs). So a miss builds
-    its value on a thread of its own, whose allocations stay in the default pool, in the
-    caller's current stream (the caller waits for it: the work is ordered as if built
-    in place). A miss while a CUDA graph is being captured raises: the tables of every
-    shape are built when the graph is warmed up, which always comes first."""
+    A cached CUDA tensor outlives the call that made it, so it must not come from a CUDA
+    graph's private memory pool: torch.compile's CUDA graph trees route every allocation
+    of the thread that warms up or records a graph into that pool, which later replays
+    overwrite (and whose warm-up refuses tensors it does not track as outputs). So a CUDA
+    miss builds its value with `build_on_table_thread`, whose allocations stay in the
+    default pool, in the caller's current stream (the work is ordered as if built in
+    place). A miss while a CUDA graph is being captured raises: the tables of every shape
+    are built when the graph is warmed up, which always comes first. Nothing is evicted:
+    a captured graph reads a table at its address without holding a reference to it."""
 
-    def decorate(build):
-        def on_builder(device, stream, args):
-            _on_builder.active = True
-            try:
-                if stream is None:
-                    return build(*args)
-                with torch.cuda.device(device), torch.cuda.stream(stream):
-                    return build(*args)
-            finally:
-                _on_builder.active = False
+    @functools.cache
+    @functools.wraps(build)
+    def cached(*args):
+        device = next((a for a in args if isinstance(a, torch.device)), None)
+        if getattr(_on_builder, "active", False) or device is None or device.type != "cuda":
+            return build(*args)  # on the builder's thread already (a table built from another), or no CUDA
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"{build.__name__}{args}: a table first needed while a CUDA graph is captured; "
+                               "run the graph's shapes once before capturing it")
+        index = torch.cuda.current_device() if device.index is None else device.index
+        return build_on_table_thread(build, args, torch.cuda.current_stream(index))
 
-        @functools.lru_cache(maxsize)
-        @functools.wraps(build)
-        def cached(*args):
-            if getattr(_on_builder, "active", False):  # a table built from another one
-                return build(*args)
-            device = next((a for a in args if isinstance(a, torch.device)), None)
-            stream = None
-            if device is not None and device.type == "cuda":
-                if torch.cuda.is_current_stream_capturing():
-                    raise RuntimeError(f"{build.__name__}{args}: a table first needed while a CUDA graph is captured; "
-                                       "run the graph's shapes once before capturing it")
-                device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
-                stream = torch.cuda.current_stream(device)
-            return _TABLE_BUILDER.submit(on_builder, device, stream, args).result()
-
-        return cached
-
-    return decorate
+    return cached

@@ -28,7 +28,6 @@ Sequences are packed token-major ([B, T, H, D] viewed as [B*T, H, D]); `cu_seqle
 gives the same layout with unequal lengths. Inputs are validated by `gsa_attn`.
 """
 
-
 import torch
 import triton
 
@@ -63,7 +62,7 @@ COL_BLOCK = 64
 WHILE_LOOPS = interpreted()
 
 
-@shape_cache(maxsize=64)
+@shape_cache
 def _layout(lengths: tuple, device: torch.device):
     """Index tables of the packed sequences (int64, on `device`).
 

@@ -6,58 +6,70 @@ import threading
 import pytest
 import torch
 
-from lavo_tasks.kernels.common import shape_cache
+from lavo_tasks.kernels.common import build_on_table_thread, shape_cache
 
 
-def test_a_miss_builds_once_on_the_builder_thread_and_hits_return_the_same_value():
+def test_a_miss_builds_once_and_hits_return_the_same_value():
     built = []
 
-    @shape_cache(maxsize=4)
+    @shape_cache
     def table(n, device):
-        built.append((n, threading.current_thread().name))
+        built.append(n)
         return torch.arange(n, device=device)
 
     first = table(3, torch.device("cpu"))
     assert table(3, torch.device("cpu")) is first
     assert torch.equal(first, torch.arange(3))
     table(5, torch.device("cpu"))
-    assert [n for n, _ in built] == [3, 5]
-    assert all(name.startswith("kernel-tables") for _, name in built)
-    assert threading.current_thread().name not in {name for _, name in built}
+    assert built == [3, 5]
+    assert table.cache_info().currsize == 2
 
 
-def test_a_table_built_from_another_does_not_wait_for_itself():
-    @shape_cache(maxsize=4)
+def test_the_table_thread_builds_and_a_table_built_from_another_does_not_wait_for_itself():
+    """What a CUDA miss does (build_on_table_thread), here without a stream: the build runs
+    on the builder's thread, and a cached table it asks for is built there in place (and
+    cached), not submitted to the thread it already occupies."""
+    threads = []
+
+    @shape_cache
     def inner(n, device):
+        threads.append(threading.current_thread().name)
         return torch.ones(n, device=device)
 
-    @shape_cache(maxsize=4)
     def outer(n, device):
+        threads.append(threading.current_thread().name)
         return inner(n, device).cumsum(0)
 
     result = []
-    caller = threading.Thread(target=lambda: result.append(outer(4, torch.device("cpu"))), daemon=True)
+    caller = threading.Thread(target=lambda: result.append(build_on_table_thread(outer, (4, torch.device("cpu")))),
+                              daemon=True)
     caller.start()
     caller.join(timeout=30)
     assert not caller.is_alive(), "outer() never returned: the nested build waited for the builder thread"
     assert torch.equal(result[0], torch.tensor([1.0, 2.0, 3.0, 4.0]))
-    assert inner(4, torch.device("cpu")) is not None
+    assert len(threads) == 2 and all(name.startswith("kernel-tables") for name in threads)
+    assert inner.cache_info().currsize == 1
+    inner(4, torch.device("cpu"))
+    assert inner.cache_info().hits == 1 and len(threads) == 2
 
 
 def test_a_failed_build_raises_to_the_caller_and_is_not_cached():
     calls = []
 
-    @shape_cache(maxsize=4)
     def table(n, device):
         calls.append(n)
         if len(calls) == 1:
             raise ValueError("first build fails")
         return torch.zeros(n)
 
+    cached = shape_cache(table)
     with pytest.raises(ValueError, match="first build fails"):
-        table(2, torch.device("cpu"))
-    assert torch.equal(table(2, torch.device("cpu")), torch.zeros(2))
+        cached(2, torch.device("cpu"))
+    assert torch.equal(cached(2, torch.device("cpu")), torch.zeros(2))
     assert calls == [2, 2]
+    with pytest.raises(ValueError, match="first build fails"):  # and on the table thread, to its caller
+        calls.clear()
+        build_on_table_thread(table, (2, torch.device("cpu")))
 
 
 @pytest.mark.gpu
@@ -68,10 +80,11 @@ def test_tables_built_while_a_graph_pool_takes_allocations_stay_out_of_it():
     from lavo_tasks.kernels.lavo import chunk
 
     device = torch.device("cuda", torch.cuda.current_device())
+    chunk._batched_layout.cache_clear()  # so that the call below misses
     pool = torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(pool):
         control = torch.empty(1 << 20, device=device)
-        layout = chunk._batched_layout(3, 200, 200, 64, False, device)  # a shape no other test takes
+        layout = chunk._batched_layout(3, 200, 200, 64, False, device)
     in_pool = set()  # the addresses of the pool's live blocks (as cudagraph_trees.check_memory_pool reads them)
     for segment in pool.snapshot():
         address = segment["address"]
