@@ -455,11 +455,12 @@ def lavo_chunk_backward(do, q, k, v, o, lse, saved, basis, rel_bias, mem_bias, k
 def _memory_group(chunks: int, per_group: int, device: torch.device) -> int:
     """Query chunks per program of the memory backward, whose grid has `per_group`
     programs (heads x rank blocks) per group of chunks: DQ_GROUP, halved while the grid
-    would hold fewer than WAVES programs per SM. Each program runs its chunks one after another, so at a few
-    thousand tokens (a summarizer's 256-position decoder: 32 programs of 8 chunks on 132
-    SMs) the whole grid waited on them. Powers of 2, so at most 4 variants compile. On
-    the CPU (Triton's interpreter) DQ_GROUP, which keeps the tests on groups that end
-    past the last chunk."""
+    would hold fewer than WAVES programs per SM. Each program runs its chunks one after
+    another, so at a few thousand tokens (16 sequences of 256 positions, 8 heads: 64
+    programs of 8 chunks on 132 SMs) the whole grid waited on them. Powers of 2, so at
+    most 4 variants compile. On the CPU (Triton's interpreter) DQ_GROUP, which keeps the
+    tests on groups that end past the last chunk (the smaller groups are tested by
+    patching this function)."""
     if device.type != "cuda":
         return DQ_GROUP
     slots = WAVES * _sm_count(device.index if device.index is not None else torch.cuda.current_device())

@@ -83,10 +83,21 @@ def test_causal_self_padding_many_groups():
     check_against_reference(small_chunks, inputs, **options(20, kv_mask=mask))
 
 
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_memory_backward_in_smaller_groups(monkeypatch, group):
+    """The groups a GPU takes at small grids (_memory_group), against the reference: 9
+    query chunks in groups of 1, 2 and 4 (the last group partial for 2 and 4)."""
+    monkeypatch.setattr(chunk, "_memory_group", lambda chunks, per_group, device: group)
+    batch, n = 3, 37
+    inputs = make_inputs(batch, n, n, 2, 16, 16, 20, True, seed=5)
+    mask = random_mask(batch, n, seed=5, keep_first=False)
+    check_against_reference(small_chunks, inputs, **options(20, kv_mask=mask))
+
+
 @pytest.mark.parametrize("chunks, per_group, expected", [
     (1024, 16, 8),  # the protocol shape (65,536 tokens, 16 heads): 2,048 programs of 8 chunks
     (256, 8, 4),  # a 4 x 4,096 source, 8 heads: 256 programs of 8 would fill less than 2 waves
-    (32, 8, 1),  # a summarizer's 16 x 256 decoder: 256 programs of 1 (32 of 8 before)
+    (64, 8, 1),  # 16 x 256 positions, 8 heads: 512 programs of 1 (64 of 8 before)
     (5, 1, 1),
 ])
 def test_memory_backward_groups_fill_two_waves_of_the_sms(monkeypatch, chunks, per_group, expected):
