@@ -6,10 +6,8 @@ step vectorised over the batch and all points), the distance functions loop over
 of query points so that at most `max_elements` pairwise distances exist at once (a 16K x
 16K matrix would be 1 GiB per cloud in fp32): by default MAX_ELEMENTS on the CPU and
 MAX_ELEMENTS_CUDA on a GPU, where fewer, larger chunks save kernel launches. On the CPU
-the nearest neighbours of Chamfer come from open3d's k-d tree instead, one search per
-cloud: it visits a few dozen candidates per point where the matmul form visits all of
-them (a test batch of 16 clouds, 1,536 against 8,192 points, takes 0.05 s that way
-against 0.8 s on two cores).
+Chamfer's nearest neighbours come from open3d's k-d tree instead, one search per cloud:
+it visits a few dozen candidates per point where the matmul form visits all of them.
 """
 
 import numpy as np
@@ -93,12 +91,15 @@ def nearest_by_matmul(a: torch.Tensor, b: torch.Tensor, max_elements: int | None
 @torch.no_grad()
 def nearest_by_tree(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`nearest_by_matmul` for CPU tensors through open3d's exact k-d tree search
-    (nanoflann), one tree per cloud of b; float32 and float64 points search in their own
-    precision, others in float32."""
+    (nanoflann), one tree per cloud of b, in the clouds' promoted precision (float64 if
+    either is, else float32)."""
+    if a.shape[0] != b.shape[0] or b.shape[1] == 0:
+        raise ValueError(f"nearest_by_tree: clouds {tuple(a.shape)} and {tuple(b.shape)}: the batch sizes must "
+                         "match and b must hold a point")
     o3c = load_open3d().core
-    dtype = a.dtype if a.dtype in (torch.float32, torch.float64) else torch.float32
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
     nearest = np.empty(a.shape[:2], dtype=np.int64)
-    for i, (points, queries) in enumerate(zip(b.to(dtype), a.to(dtype))):
+    for i, (points, queries) in enumerate(zip(b.to(dtype), a.to(dtype), strict=True)):
         search = o3c.nns.NearestNeighborSearch(o3c.Tensor.from_numpy(np.ascontiguousarray(points.numpy())))
         search.knn_index()
         index, _ = search.knn_search(o3c.Tensor.from_numpy(np.ascontiguousarray(queries.numpy())), 1)

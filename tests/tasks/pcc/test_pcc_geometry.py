@@ -120,6 +120,19 @@ def test_the_tree_search_takes_bf16_clouds_and_one_point_clouds():
     assert nearest_by_tree(b, a).tolist() == [[1]]
 
 
+def test_the_tree_search_searches_in_the_finer_precision():
+    # 1 + 2^-30 and 1 - 2^-29 are 1.0 in float32: only a float64 search tells them apart
+    a = torch.tensor([[[1.0, 0, 0]]], dtype=torch.float32)
+    b = torch.tensor([[[1 - 2**-29, 0, 0], [1 + 2**-30, 0, 0]]], dtype=torch.float64)
+    assert nearest_by_tree(a, b).tolist() == [[1]]
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((3, 4, 3), (1, 5, 3)), ((1, 4, 3), (1, 0, 3))])
+def test_the_tree_search_refuses_unpaired_or_empty_clouds(a_shape, b_shape):
+    with pytest.raises(ValueError, match="nearest_by_tree: clouds"):
+        nearest_by_tree(torch.rand(a_shape), torch.rand(b_shape))
+
+
 def test_chamfer_loss_gradient_moves_points_closer():
     truth = torch.rand(1, 64, 3, generator=torch.Generator().manual_seed(5))
     prediction = (truth + 0.1).requires_grad_()
