@@ -9,11 +9,12 @@ lm: every source file as text, about 10 MB of train (the BPE trains on it in sec
 every 20th file to valid and to test. Enough for the cab context (8,192 tokens a sample,
 8 samples in the test split).
 
-summarization: one example per module of at least 24,000 characters with a module
-docstring: the document is the module's source with its docstring removed, the summary
-its outline (`module_outline`). At about 4 characters a BPE token (vocabulary 32,000) every
-source fills the cab preset's 4,096 source positions, as Multi-News's do, and most
-outlines its 400 target positions.
+summarization: one example per module with a module docstring whose source without
+that docstring (the document) holds at least 24,000 characters; the summary is its
+outline (`module_outline`). At about 4 characters a BPE token (vocabulary 32,000) every
+document fills the cab preset's 4,096 source positions, as Multi-News's do. The outlines
+are shorter than its 400 target positions (Python 3.11's library: a median of about
+1,050 characters), so each batch's targets are padded to its longest.
 """
 
 import ast
@@ -69,9 +70,9 @@ def module_outline(tree: ast.Module, doc: str) -> str:
 
 
 def module_example(text: str) -> dict | None:
-    """{"document", "summary"} of a long module with a docstring, else None: the source
-    without its docstring, and its outline."""
-    if len(text) < LONG_MODULE_CHARS:
+    """{"document", "summary"} of a module with a docstring and a long document, else
+    None: the source without its docstring, and its outline."""
+    if len(text) < LONG_MODULE_CHARS:  # (the document is shorter still)
         return None
     try:
         tree = ast.parse(text)
@@ -83,7 +84,9 @@ def module_example(text: str) -> dict | None:
     first = tree.body[0]  # the docstring's statement
     lines = text.splitlines()
     document = "\n".join(lines[:first.lineno - 1] + lines[first.end_lineno:]).strip()
-    return {"document": document, "summary": module_outline(tree, doc)} if document else None
+    if len(document) < LONG_MODULE_CHARS:
+        return None
+    return {"document": document, "summary": module_outline(tree, doc)}
 
 
 def write_summarization(out: Path) -> None:

@@ -60,3 +60,7 @@ def test_short_modules_and_modules_without_a_docstring_are_left_out():
     assert corpora.module_example(MODULE[:20_000]) is None
     assert corpora.module_example(MODULE.split('"""\nimport os', 1)[1]) is None  # no docstring
     assert corpora.module_example('"""Doc."""\n' + "x = (\n" * 5000) is None  # not Python
+    # long only with its docstring: 22,400 characters of source after a 2,006-character docstring
+    docstring = '"""' + "d" * 2_000 + '"""\n'
+    assert corpora.module_example(docstring + "x = 1  # filler\n" * 1_400) is None
+    assert corpora.module_example(docstring + "x = 1  # filler\n" * 1_600) is not None
