@@ -23,6 +23,8 @@ The other patterns reuse it: NS runs it on the sequences reversed too, CC runs i
 the target queries over the source and reads the final source state for queries past the
 source's end, NC reads the final source state for every query (the read of one fixed
 state, a softmax over M slots, is two small batched matrix products done in PyTorch).
+NC's scan has no queries (q None): its forward writes the states only, without the
+output kernel, and its backward skips the query side (dq and the reads' gradients).
 
 Sequences are packed token-major ([B, T, H, D] viewed as [B*T, H, D]); `cu_seqlens`
 gives the same layout with unequal lengths. Inputs are validated by `gsa_attn`.
@@ -140,21 +142,22 @@ class _Config:
 
 
 def causal_forward(q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
-    """CS over packed sequences. q, k [N,H,dk]; v [N,H,dv]; g [N,H,M] fp32 (log alpha);
-    h0k [NS,H,M,dk], h0v [NS,H,M,dv] fp32 or None; lengths: the NS sequences' lengths.
-    Returns (o [N,H,dv], K~_T, V~_T (empty [0] without output_final_state), and what the
-    backward reads: b, z [N,H,M], gsum [chunks,H,M], sk, sv [chunks,H,M,d], all fp32)."""
-    n_tok, heads, dk = q.shape
+    """CS over packed sequences. q, k [N,H,dk] (q None: the states only); v [N,H,dv];
+    g [N,H,M] fp32 (log alpha); h0k [NS,H,M,dk], h0v [NS,H,M,dv] fp32 or None; lengths:
+    the NS sequences' lengths. Returns (o [N,H,dv], K~_T, V~_T (empty [0] without
+    output_final_state), and what the backward reads: b, z [N,H,M], gsum [chunks,H,M],
+    sk, sv [chunks,H,M,d], all fp32); o and z are empty [0] without q."""
+    n_tok, heads, dk = k.shape
     dv, slots = v.shape[-1], g.shape[-1]
-    cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(tuple(lengths), q.device)
+    cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(tuple(lengths), k.device)
     n_seq = len(lengths)
-    cfg = _Config(dk, dv, slots, q.dtype)
-    f32 = dict(dtype=torch.float32, device=q.device)
+    cfg = _Config(dk, dv, slots, k.dtype)
+    f32 = dict(dtype=torch.float32, device=k.device)
     b = torch.empty_like(g)
     sk = torch.empty(n_chunks, heads, slots, dk, **f32)
     sv = torch.empty(n_chunks, heads, slots, dv, **f32)
-    hk = torch.empty(n_seq, heads, slots, dk, **f32) if output_final_state else q.new_empty(0, dtype=torch.float32)
-    hv = torch.empty(n_seq, heads, slots, dv, **f32) if output_final_state else q.new_empty(0, dtype=torch.float32)
+    hk = torch.empty(n_seq, heads, slots, dk, **f32) if output_final_state else k.new_empty(0, dtype=torch.float32)
+    hv = torch.empty(n_seq, heads, slots, dv, **f32) if output_final_state else k.new_empty(0, dtype=torch.float32)
     has_h0 = h0k is not None
     gsum = torch.empty(n_chunks, heads, slots, **f32)
     K._chunk_write_kernel[(n_chunks, heads)](
@@ -162,6 +165,8 @@ def causal_forward(q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
         BT=BT, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, BD=cfg.BD_WRITE, PREC=cfg.prec["PREC_S"], num_warps=4)
     _scan((sk, sv), gsum, (h0k, h0v) if has_h0 else None, (hk, hv) if output_final_state else None, coff,
           (dk, dv), n_seq, heads, slots, reverse=False)
+    if q is None:
+        return k.new_empty(0), hk, hv, b, k.new_empty(0, dtype=torch.float32), gsum, sk, sv
     o = torch.empty(n_tok, heads, dv, dtype=q.dtype, device=q.device)
     z = torch.empty_like(g)  # slot logits, kept for the backward
     if cfg.whole:
@@ -178,33 +183,24 @@ def causal_forward(q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
 
 
 def causal_backward(do, dhk, dhv, q, k, v, g, b, z, gsum, sk, sv, hk, hv, scale, lengths, has_h0):
-    """The gradients (dq, dk, dv, dg, dh0k, dh0v; dh0 None without h0) of `causal_forward`
-    from the output's gradient `do` and the final state's (dhk, dhv, None when it was not
-    returned or not used), given the forward's inputs and outputs."""
-    cfg = _Config(q.shape[-1], v.shape[-1], g.shape[-1], q.dtype)
-    n_tok, heads, dk = q.shape
+    """The gradients (dq, dk, dv, dg, dh0k, dh0v; dh0 None without h0, dq None without q)
+    of `causal_forward` from the output's gradient `do` and the final state's (dhk, dhv,
+    None when it was not returned or not used), given the forward's inputs and outputs.
+    Without q (the states only) nothing is read from the states: the query side is
+    skipped, and the key side reads zeros for its share of the reads' gradients."""
+    cfg = _Config(k.shape[-1], v.shape[-1], g.shape[-1], k.dtype)
+    n_tok, heads, dk = k.shape
     dv, slots = v.shape[-1], g.shape[-1]
-    cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(tuple(lengths), q.device)
+    cu, coff, chunks, chunk_seq, sub, n_chunks, n_sub = _layout(tuple(lengths), k.device)
     n_seq = len(lengths)
-    do = do.contiguous()
-    p, dz, dgate = torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
-    dq = torch.empty_like(q)
-    dnk, dnv = torch.empty_like(sk), torch.empty_like(sv)  # the chunk-start states' gradients
-    f32 = dict(dtype=torch.float32, device=q.device)
-    if cfg.whole:  # the query side writes the states' gradients from each chunk's reads too
-        W._whole_query_bwd_kernel[(n_chunks, heads)](
-            q, k, v, g, b, sk, sv, z, do, chunks, p, dz, dq, dgate, dnk, dnv, scale, heads, slots, dk, dv,
-            BT=BT, BC=WHOLE_BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
-            num_warps=cfg.warps["query"])
+    f32 = dict(dtype=torch.float32, device=k.device)
+    if q is None:  # nothing read the states: zeros for the reads' share of the key side
+        dq, q, do = None, torch.zeros_like(k), torch.zeros_like(v)
+        p, dz, dgate = torch.zeros_like(g), torch.zeros_like(g), torch.zeros_like(g)
+        dnk, dnv = torch.zeros_like(sk), torch.zeros_like(sv)
     else:
-        K._query_bwd_kernel[(n_sub, heads)](
-            k, v, g, b, sk, sv, z, do, sub, p, dz, dq, dgate, scale, heads, slots, dk, dv,
-            BT=BT, BC=BC, BM=cfg.BM, SPAN=SPAN, **cfg.blocks, **cfg.prec,
-            num_warps=cfg.warps["query"])
-        for w, x, dnext, d, bd, sc in ((dz, q, dnk, dk, cfg.BDK, scale), (p, do, dnv, dv, cfg.BDV, 1.0)):
-            K._chunk_read_grad_kernel[(n_chunks, heads, triton.cdiv(d, bd))](
-                w, x, b, dnext, chunks, sc, heads, slots, d, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec["PREC_S"],
-                num_warps=4)
+        do = do.contiguous()
+        dq, p, dz, dgate, dnk, dnv = _query_side(do, q, k, v, g, b, z, sk, sv, scale, chunks, sub, cfg)
 
     has_dht = dhk is not None or dhv is not None
     if has_dht:
@@ -239,6 +235,32 @@ def causal_backward(do, dhk, dhv, q, k, v, g, b, z, gsum, sk, sv, hk, hv, scale,
     return dq, dk_, dv_, dg, dh0k, dh0v
 
 
+def _query_side(do, q, k, v, g, b, z, sk, sv, scale, chunks, sub, cfg):
+    """The backward's query side: (dq, p, dz, dgate, dnk, dnv): the query gradient, the
+    slot probabilities and the logits' gradient of every row, the query part of the gate
+    gradient, and the gradients of the chunk-start states from each chunk's reads."""
+    heads, dk = q.shape[1:]
+    dv, slots = v.shape[-1], g.shape[-1]
+    p, dz, dgate = torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
+    dq = torch.empty_like(q)
+    dnk, dnv = torch.empty_like(sk), torch.empty_like(sv)
+    if cfg.whole:  # one kernel writes the states' gradients from each chunk's reads too
+        W._whole_query_bwd_kernel[(len(chunks), heads)](
+            q, k, v, g, b, sk, sv, z, do, chunks, p, dz, dq, dgate, dnk, dnv, scale, heads, slots, dk, dv,
+            BT=BT, BC=WHOLE_BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
+            num_warps=cfg.warps["query"])
+        return dq, p, dz, dgate, dnk, dnv
+    K._query_bwd_kernel[(len(sub), heads)](
+        k, v, g, b, sk, sv, z, do, sub, p, dz, dq, dgate, scale, heads, slots, dk, dv,
+        BT=BT, BC=BC, BM=cfg.BM, SPAN=SPAN, **cfg.blocks, **cfg.prec,
+        num_warps=cfg.warps["query"])
+    for w, x, dnext, d, bd, sc in ((dz, q, dnk, dk, cfg.BDK, scale), (p, do, dnv, dv, cfg.BDV, 1.0)):
+        K._chunk_read_grad_kernel[(len(chunks), heads, triton.cdiv(d, bd))](
+            w, x, b, dnext, chunks, sc, heads, slots, d, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec["PREC_S"],
+            num_warps=4)
+    return dq, p, dz, dgate, dnk, dnv
+
+
 def _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, coff, chunk_seq, carry, dk, dv, dg, scale,
                     cfg):
     """The key side of the backward on the whole-chunk kernels, and the log-gate gradient:
@@ -271,15 +293,17 @@ def _scan(bufs, gsum, inits, lasts, coff, dims, n_seq, heads, slots, *, reverse)
 
 
 def _causal(q, k, v, g, initial_state, output_final_state, lengths, scale):
-    """CS on [B, T, H, *] tensors whose B*T tokens hold sequences of `lengths`."""
-    batch, length, heads, _ = q.shape
+    """CS on [B, T, H, *] tensors whose B*T tokens hold sequences of `lengths`; q None:
+    the final state only (o None)."""
+    batch, length, heads, _ = k.shape
     h0k, h0v = (None, None) if initial_state is None else (s.float().contiguous() for s in initial_state)
     from .op import gsa_causal_op  # (op.py registers the custom operators around this module's passes)
 
     o, hk, hv = gsa_causal_op(
-        *(x.contiguous().reshape(batch * length, heads, x.shape[-1]) for x in (q, k, v, g)),
+        *(None if x is None else x.contiguous().reshape(batch * length, heads, x.shape[-1]) for x in (q, k, v, g)),
         h0k, h0v, scale, list(lengths), output_final_state)
-    return o.reshape(batch, length, heads, -1), (GsaState(hk, hv) if output_final_state else None)
+    o = None if q is None else o.reshape(batch, length, heads, -1)
+    return o, (GsaState(hk, hv) if output_final_state else None)
 
 
 def _reverse(x, lengths):
@@ -337,6 +361,6 @@ def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, 
         o, final = _causal(q[:, :m], k, v, g, initial_state, True, lengths, scale)
         o = torch.cat([o, _read_final(q[:, m:], final, scale)], 1)
         return o, (final if output_final_state else None)
-    # NC: every query reads the final source state (the scan's own output is not needed)
-    _, final = _causal(q.new_zeros(batch, m, *q.shape[2:]), k, v, g, initial_state, True, lengths, scale)
+    # NC: every query reads the final source state (the scan writes the states only)
+    _, final = _causal(None, k, v, g, initial_state, True, lengths, scale)
     return _read_final(q, final, scale), (final if output_final_state else None)

@@ -19,47 +19,53 @@ _F32 = torch.float32
 
 
 @torch.library.custom_op("lavo_tasks::gsa_causal_fwd", mutates_args=())
-def gsa_causal_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, h0k: Tensor | None, h0v: Tensor | None, scale: float,
+def gsa_causal_fwd(q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, h0k: Tensor | None, h0v: Tensor | None,
+                   scale: float,
                    lengths: list[int], output_final_state: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
                                                                           Tensor, Tensor, Tensor]:
-    """-> (o, K~_T, V~_T, b, z, gsum, sk, sv): chunk.causal_forward's outputs."""
+    """-> (o, K~_T, V~_T, b, z, gsum, sk, sv): chunk.causal_forward's outputs (q None: the
+    states only, o and z empty)."""
     return tuple(t.contiguous() for t in causal_forward(q, k, v, g, h0k, h0v, scale, lengths, output_final_state))
 
 
 @gsa_causal_fwd.register_fake
 def _(q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
-    (n_tok, heads, dk), dv, slots = q.shape, v.shape[-1], g.shape[-1]
+    (n_tok, heads, dk), dv, slots = k.shape, v.shape[-1], g.shape[-1]
     n_chunks = sum(-(-n // BT) for n in lengths)
     if output_final_state:
-        hk, hv = (q.new_empty(len(lengths), heads, slots, d, dtype=_F32) for d in (dk, dv))
+        hk, hv = (k.new_empty(len(lengths), heads, slots, d, dtype=_F32) for d in (dk, dv))
     else:
-        hk, hv = q.new_empty(0, dtype=_F32), q.new_empty(0, dtype=_F32)
-    return (q.new_empty(n_tok, heads, dv), hk, hv, _new(g), _new(g),
-            q.new_empty(n_chunks, heads, slots, dtype=_F32), q.new_empty(n_chunks, heads, slots, dk, dtype=_F32),
-            q.new_empty(n_chunks, heads, slots, dv, dtype=_F32))
+        hk, hv = k.new_empty(0, dtype=_F32), k.new_empty(0, dtype=_F32)
+    o, z = (q.new_empty(n_tok, heads, dv), _new(g)) if q is not None else (k.new_empty(0), k.new_empty(0, dtype=_F32))
+    return (o, hk, hv, _new(g), z,
+            k.new_empty(n_chunks, heads, slots, dtype=_F32), k.new_empty(n_chunks, heads, slots, dk, dtype=_F32),
+            k.new_empty(n_chunks, heads, slots, dv, dtype=_F32))
 
 
 @torch.library.custom_op("lavo_tasks::gsa_causal_bwd", mutates_args=())
-def gsa_causal_bwd(do: Tensor, dhk: Tensor | None, dhv: Tensor | None, q: Tensor, k: Tensor, v: Tensor, g: Tensor,
-                   b: Tensor, z: Tensor, gsum: Tensor, sk: Tensor, sv: Tensor, hk: Tensor, hv: Tensor, scale: float,
-                   lengths: list[int], has_h0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """-> (dq, dk, dv, dg, dh0k, dh0v); dh0k, dh0v are empty [0] without h0 (an operator
-    returns tensors only)."""
+def gsa_causal_bwd(do: Tensor | None, dhk: Tensor | None, dhv: Tensor | None, q: Tensor | None, k: Tensor, v: Tensor,
+                   g: Tensor, b: Tensor, z: Tensor, gsum: Tensor, sk: Tensor, sv: Tensor, hk: Tensor, hv: Tensor,
+                   scale: float, lengths: list[int],
+                   has_h0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """-> (dq, dk, dv, dg, dh0k, dh0v); dh0k, dh0v are empty [0] without h0 and dq without q
+    (an operator returns tensors only); do is None without q."""
     dq, dk, dv, dg, dh0k, dh0v = causal_backward(do, dhk, dhv, q, k, v, g, b, z, gsum, sk, sv, hk, hv, scale,
                                                  lengths, has_h0)
     if not has_h0:
-        dh0k, dh0v = q.new_empty(0, dtype=_F32), q.new_empty(0, dtype=_F32)
+        dh0k, dh0v = k.new_empty(0, dtype=_F32), k.new_empty(0, dtype=_F32)
+    if q is None:
+        dq = k.new_empty(0)
     return tuple(t.contiguous() for t in (dq, dk, dv, dg, dh0k, dh0v))
 
 
 @gsa_causal_bwd.register_fake
 def _(do, dhk, dhv, q, k, v, g, b, z, gsum, sk, sv, hk, hv, scale, lengths, has_h0):
-    (heads, dk), dv, slots = q.shape[1:], v.shape[-1], g.shape[-1]
+    (heads, dk), dv, slots = k.shape[1:], v.shape[-1], g.shape[-1]
     if has_h0:
-        dh0k, dh0v = (q.new_empty(len(lengths), heads, slots, d, dtype=_F32) for d in (dk, dv))
+        dh0k, dh0v = (k.new_empty(len(lengths), heads, slots, d, dtype=_F32) for d in (dk, dv))
     else:
-        dh0k, dh0v = q.new_empty(0, dtype=_F32), q.new_empty(0, dtype=_F32)
-    return _new(q), _new(k), _new(v), _new(g), dh0k, dh0v
+        dh0k, dh0v = k.new_empty(0, dtype=_F32), k.new_empty(0, dtype=_F32)
+    return _new(q) if q is not None else k.new_empty(0), _new(k), _new(v), _new(g), dh0k, dh0v
 
 
 def _new(x):
@@ -79,11 +85,13 @@ def _causal_backward(ctx, do, dhk, dhv, *_unused):
     q, k, v, g, b, z, gsum, sk, sv, hk, hv = ctx.saved_tensors
     if not ctx.output_final_state:
         dhk = dhv = None
+    if q is None:  # the states only: no output was read
+        do = None
     dq, dk, dv, dg, dh0k, dh0v = gsa_causal_bwd(do, dhk, dhv, q, k, v, g, b, z, gsum, sk, sv, hk, hv, ctx.scale,
                                                 ctx.lengths, ctx.has_h0)
     if not ctx.has_h0:
         dh0k = dh0v = None
-    return dq, dk, dv, dg, dh0k, dh0v, None, None, None
+    return (dq if q is not None else None), dk, dv, dg, dh0k, dh0v, None, None, None
 
 
 torch.library.register_autograd("lavo_tasks::gsa_causal_fwd", _causal_backward, setup_context=_causal_setup)
@@ -91,7 +99,7 @@ torch.library.register_autograd("lavo_tasks::gsa_causal_fwd", _causal_backward, 
 
 def gsa_causal_op(q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
     """(o [N,H,dv], K~_T, V~_T or None, None) of the forward op, differentiable through the
-    backward op."""
+    backward op; q None: the states only (o empty)."""
     o, hk, hv, *_ = gsa_causal_fwd(q, k, v, g, h0k, h0v, scale, lengths, output_final_state)
     return (o, hk, hv) if output_final_state else (o, None, None)
 

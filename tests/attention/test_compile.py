@@ -113,14 +113,17 @@ def test_opcheck_lavo_backward(causal, cross, dtype):
         assert (fake.shape, fake.stride()) == (real.shape, real.stride()), i
 
 
-@pytest.mark.parametrize("final_state, initial_state", [(False, False), (True, True)])
-def test_opcheck_gsa(final_state, initial_state):
+@pytest.mark.parametrize("final_state, initial_state, queries", [(False, False, True), (True, True, True),
+                                                                  (True, True, False)])
+def test_opcheck_gsa(final_state, initial_state, queries):
+    """The scan op with and without queries (NC's states-only scan)."""
     g = torch.Generator().manual_seed(3)
     tokens, heads, dim, slots, lengths = 40, 2, 16, 16, [24, 16]
     q, k, v = (torch.randn(tokens, heads, dim, generator=g, requires_grad=True) for _ in range(3))
     log_alpha = (-torch.rand(tokens, heads, slots, generator=g)).requires_grad_()
     h0 = [torch.randn(len(lengths), heads, slots, dim, generator=g, requires_grad=True) for _ in range(2)]
-    args = (q, k, v, log_alpha, *(h0 if initial_state else (None, None)), dim**-0.5, lengths, final_state)
+    args = (q if queries else None, k, v, log_alpha, *(h0 if initial_state else (None, None)), dim**-0.5, lengths,
+            final_state)
     torch.library.opcheck(gsa_causal_fwd, args,
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 

@@ -166,6 +166,24 @@ def test_noncausal_cross():
     _assert_matches_reference(xs, _states(2, 1, 12, 20, 5), causal=False, cross=True)
 
 
+class _Forbidden:
+    def __getitem__(self, grid):
+        raise AssertionError("a kernel that reads the states ran")
+
+
+@pytest.mark.parametrize("slots", [5, 80], ids=["whole-chunk kernels", "per-sub-chunk kernels"])
+def test_noncausal_cross_scans_without_reading_the_states(monkeypatch, slots):
+    """NC's source scan writes the states only: neither the output kernel nor the query
+    side of the backward runs, and the outputs and every gradient still match the
+    reference (80 slots: the per-sub-chunk kernels)."""
+    for module, name in [(chunk.W, "_whole_output_kernel"), (chunk.W, "_whole_query_bwd_kernel"),
+                         (chunk.K, "_output_fwd_kernel"), (chunk.K, "_query_bwd_kernel"),
+                         (chunk.K, "_chunk_read_grad_kernel")]:
+        monkeypatch.setattr(module, name, _Forbidden())
+    xs = _inputs(2, 19, 26, slots=slots, seed=8)
+    _assert_matches_reference(xs, _states(2, 1, 12, 20, slots), causal=False, cross=True)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_packed_sequences(causal):
     """cu_seqlens: sequences of 5, 0, 17 and 50 packed in batch 1, one initial state each
