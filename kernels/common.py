@@ -68,8 +68,15 @@ def build_on_table_thread(build, args, stream=None):
     return _TABLE_BUILDER.submit(run).result()
 
 
-def shape_cache(build):
-    """functools.cache for the index tables the kernels build once per shape, whose
+_PINNED: dict = {}  # (build, args) -> a table a CUDA graph was captured reading: never freed
+
+
+def _capturing(device) -> bool:
+    return device is not None and device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def shape_cache(maxsize: int):
+    """functools.lru_cache for the index tables the kernels build once per shape, whose
     arguments include the `torch.device` the tables live on.
 
     A cached CUDA tensor outlives the call that made it, so it must not come from a CUDA
@@ -79,19 +86,32 @@ def shape_cache(build):
     miss builds its value with `build_on_table_thread`, whose allocations stay in the
     default pool, in the caller's current stream (the work is ordered as if built in
     place). A miss while a CUDA graph is being captured raises: the tables of every shape
-    are built when the graph is warmed up, which always comes first. Nothing is evicted:
-    a captured graph reads a table at its address without holding a reference to it."""
+    are built when the graph is warmed up, which always comes first. A table looked up
+    while a graph is captured is also kept outside the LRU (the graph reads it at its
+    address without holding a reference), so evicting it frees nothing a graph reads;
+    the others are evicted as usual (packed sequences of ever new lengths, each its own
+    key, would otherwise hold GPU memory without bound)."""
 
-    @functools.cache
-    @functools.wraps(build)
-    def cached(*args):
-        device = next((a for a in args if isinstance(a, torch.device)), None)
-        if getattr(_on_builder, "active", False) or device is None or device.type != "cuda":
-            return build(*args)  # on the builder's thread already (a table built from another), or no CUDA
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"{build.__name__}{args}: a table first needed while a CUDA graph is captured; "
-                               "run the graph's shapes once before capturing it")
-        index = torch.cuda.current_device() if device.index is None else device.index
-        return build_on_table_thread(build, args, torch.cuda.current_stream(index))
+    def decorate(build):
+        @functools.lru_cache(maxsize)
+        def cached(*args):
+            device = next((a for a in args if isinstance(a, torch.device)), None)
+            if getattr(_on_builder, "active", False) or device is None or device.type != "cuda":
+                return build(*args)  # on the builder's thread already (a table built from another), or no CUDA
+            if _capturing(device):
+                raise RuntimeError(f"{build.__name__}{args}: a table first needed while a CUDA graph is captured; "
+                                   "run the graph's shapes once before capturing it")
+            index = torch.cuda.current_device() if device.index is None else device.index
+            return build_on_table_thread(build, args, torch.cuda.current_stream(index))
 
-    return cached
+        @functools.wraps(build)
+        def lookup(*args):
+            value = cached(*args)
+            if _capturing(next((a for a in args if isinstance(a, torch.device)), None)):
+                _PINNED[build, args] = value
+            return value
+
+        lookup.cache_clear, lookup.cache_info = cached.cache_clear, cached.cache_info
+        return lookup
+
+    return decorate

@@ -64,7 +64,7 @@ COL_BLOCK = 64
 WHILE_LOOPS = interpreted()
 
 
-@shape_cache
+@shape_cache(maxsize=64)
 def _layout(lengths: tuple, device: torch.device):
     """Index tables of the packed sequences (int64, on `device`).
 

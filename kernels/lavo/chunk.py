@@ -128,7 +128,7 @@ class _Layout:
         self.kargs = (self.kchunks, math.ceil(m / chunk) if self.batched else 0, *lengths)
 
 
-@shape_cache
+@shape_cache(maxsize=64)
 def _batched_layout(batch, n, m, chunk, noncausal, device):
     """The layout of equal-length sequences, built once per shape (host work off the hot path)."""
     return _Layout(batch, n, m, None, chunk, noncausal, device)
@@ -187,7 +187,7 @@ def _masked_segment_tables(kv_mask, segments, chunks_per_seq):
     return segid.to(torch.int32).view(-1), counts
 
 
-@shape_cache
+@shape_cache(maxsize=64)
 def _unmasked_segment_tables(batch, n, m, chunk, segments, device):
     """`_segment_tables` of equal-length sequences without a mask, built once per shape:
     they depend on the shape alone, and the ~20 small ops that build them would otherwise
@@ -233,7 +233,7 @@ def _compile_args(dtype, d, rank, chunk, noncausal, window, has_mask, cross):
     )
 
 
-@shape_cache
+@shape_cache(maxsize=16)
 def _bias_index(chunk, nkb, kb0, half, entries, device):
     """Per window tile b, query row i and key jj of a self-attention query chunk (key
     block c - KB0 + b): the index into rel_bias, (KB0 - b) * C + i - jj (+ HALF

@@ -1,18 +1,21 @@
 """kernels.common.shape_cache: the per-shape table cache whose values are built outside
 any CUDA graph memory pool (on a thread of their own), with the CUDA case on the GPU."""
 
+import gc
 import threading
+import weakref
 
 import pytest
 import torch
 
+from lavo_tasks.kernels import common
 from lavo_tasks.kernels.common import build_on_table_thread, shape_cache
 
 
 def test_a_miss_builds_once_and_hits_return_the_same_value():
     built = []
 
-    @shape_cache
+    @shape_cache(maxsize=4)
     def table(n, device):
         built.append(n)
         return torch.arange(n, device=device)
@@ -31,7 +34,7 @@ def test_the_table_thread_builds_and_a_table_built_from_another_does_not_wait_fo
     cached), not submitted to the thread it already occupies."""
     threads = []
 
-    @shape_cache
+    @shape_cache(maxsize=4)
     def inner(n, device):
         threads.append(threading.current_thread().name)
         return torch.ones(n, device=device)
@@ -62,7 +65,7 @@ def test_a_failed_build_raises_to_the_caller_and_is_not_cached():
             raise ValueError("first build fails")
         return torch.zeros(n)
 
-    cached = shape_cache(table)
+    cached = shape_cache(maxsize=4)(table)
     with pytest.raises(ValueError, match="first build fails"):
         cached(2, torch.device("cpu"))
     assert torch.equal(cached(2, torch.device("cpu")), torch.zeros(2))
@@ -70,6 +73,29 @@ def test_a_failed_build_raises_to_the_caller_and_is_not_cached():
     with pytest.raises(ValueError, match="first build fails"):  # and on the table thread, to its caller
         calls.clear()
         build_on_table_thread(table, (2, torch.device("cpu")))
+
+
+def test_a_table_looked_up_while_a_graph_is_captured_outlives_its_eviction(monkeypatch):
+    """Evicting a table frees it, unless a CUDA graph was captured reading it (the graph
+    holds its address, not a reference): that one stays. (Capture is simulated: the
+    tables here are CPU tensors, whose misses build in place.)"""
+
+    @shape_cache(maxsize=2)
+    def table(n, device):
+        return torch.arange(n, device=device)
+
+    monkeypatch.setattr(common, "_PINNED", {})  # this test's pins, dropped after it
+    cpu = torch.device("cpu")
+    read_by_graph, plain = weakref.ref(table(3, cpu)), weakref.ref(table(4, cpu))
+    monkeypatch.setattr(common, "_capturing", lambda device: True)
+    table(3, cpu)  # a hit while "capturing"
+    monkeypatch.setattr(common, "_capturing", lambda device: False)
+    for n in (5, 6, 7):  # evicts 3 and 4
+        table(n, cpu)
+    gc.collect()
+    assert table.cache_info().currsize == 2
+    assert plain() is None
+    assert read_by_graph() is not None and torch.equal(read_by_graph(), torch.arange(3))
 
 
 @pytest.mark.gpu
