@@ -346,9 +346,11 @@ def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, 
         o, final = _causal(q, k, v, g, initial_state, output_final_state, lengths, scale)
         if not causal:  # NS: the right-to-left scan starts from zeros
             o_back, _ = _causal(*(_reverse(x, lengths) for x in (q, k, v, g)), None, False, lengths, scale)
-            # The mean in o's dtype: the sum rounds once and halving is exact, so this equals
-            # the fp32 mean rounded to o's dtype (2 kernels forward, 1 backward; 5 each through fp32).
-            o = (o + _reverse(o_back, lengths)) * 0.5
+            o_back = _reverse(o_back, lengths)
+            if o.dtype == torch.float16:  # a sum over 65,504 would overflow: the mean in fp32
+                o = ((o.float() + o_back.float()) / 2).to(o.dtype)
+            else:  # rounding the sum once and halving it exactly: the fp32 mean's bits, in
+                o = (o + o_back) * 0.5  # 2 elementwise kernels forward and 1 backward
         if kv_mask is not None:
             o = o * kv_mask[:, :, None, None].to(o.dtype)
         return o, final

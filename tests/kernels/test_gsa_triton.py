@@ -141,15 +141,17 @@ def test_noncausal_self_with_padding():
     _assert_matches_reference(xs, _states(2, 1, 12, 20, 5), causal=False, kv_mask=mask)
 
 
-def test_noncausal_self_in_bf16_is_the_rounded_fp32_mean_of_the_two_scans():
-    """NS averages in bf16: rounding the sum once and halving it exactly gives, bit for
-    bit, the fp32 mean of the two scans rounded to bf16."""
-    q, k, v, log_alpha = (x.to(torch.bfloat16) for x in _inputs(2, 21, 21, seed=9))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_noncausal_self_in_half_precision_is_the_rounded_fp32_mean_of_the_two_scans(dtype):
+    """NS averages the two scans: bf16 rounds the sum once and halves it exactly, fp16
+    (whose sums overflow at 65,504) averages in fp32; both give, bit for bit, the fp32
+    mean rounded to the inputs' dtype."""
+    q, k, v, log_alpha = (x.to(dtype) for x in _inputs(2, 21, 21, seed=9))
     forward, _ = chunk_gsa_attn(q, k, v, log_alpha)
     backward, _ = chunk_gsa_attn(*(x.flip(1) for x in (q, k, v, log_alpha)))
-    want = ((forward.float() + backward.flip(1).float()) / 2).to(torch.bfloat16)
+    want = ((forward.float() + backward.flip(1).float()) / 2).to(dtype)
     got, _ = chunk_gsa_attn(q, k, v, log_alpha, causal=False)
-    assert got.dtype == torch.bfloat16
+    assert got.dtype == dtype and torch.isfinite(got).all()
     assert torch.equal(got, want)
 
 
