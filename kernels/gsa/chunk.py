@@ -196,8 +196,8 @@ def causal_backward(do, dhk, dhv, q, k, v, g, b, z, gsum, sk, sv, hk, hv, scale,
     f32 = dict(dtype=torch.float32, device=k.device)
     if q is None:  # nothing read the states: zeros for the reads' share of the key side
         dq, q, do = None, torch.zeros_like(k), torch.zeros_like(v)
-        p, dz, dgate = torch.zeros_like(g), torch.zeros_like(g), torch.zeros_like(g)
-        dnk, dnv = torch.zeros_like(sk), torch.zeros_like(sv)
+        p = dz = dgate = torch.zeros_like(g)  # the key side only reads these
+        dnk, dnv = torch.zeros_like(sk), torch.zeros_like(sv)  # (the reverse scan writes these)
     else:
         do = do.contiguous()
         dq, p, dz, dgate, dnk, dnv = _query_side(do, q, k, v, g, b, z, sk, sv, scale, chunks, sub, cfg)

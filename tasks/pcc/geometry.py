@@ -99,7 +99,7 @@ def nearest_by_tree(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     o3c = load_open3d().core
     dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
     nearest = np.empty(a.shape[:2], dtype=np.int64)
-    for i, (points, queries) in enumerate(zip(b.to(dtype), a.to(dtype), strict=True)):
+    for i, (points, queries) in enumerate(zip(b.detach().to(dtype), a.detach().to(dtype), strict=True)):
         search = o3c.nns.NearestNeighborSearch(o3c.Tensor.from_numpy(np.ascontiguousarray(points.numpy())))
         search.knn_index()
         index, _ = search.knn_search(o3c.Tensor.from_numpy(np.ascontiguousarray(queries.numpy())), 1)
@@ -114,7 +114,7 @@ def nearest_squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     points' difference, so it is exact (0 for a point of a that is in b) and its gradient
     flows to both clouds."""
     search = nearest_by_tree if a.device.type == "cpu" else nearest_by_matmul
-    nearest = search(a.detach(), b.detach())  # [B, N]
+    nearest = search(a, b)  # [B, N]
     return (a - gather_points(b, nearest)).square().sum(-1)
 
 
