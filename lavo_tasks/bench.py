@@ -5,7 +5,9 @@
 
 The protocol is docs/design.md §4: bf16 inputs, 16 heads of dim 64, a fixed
 65,536 tokens per step (batch = 65536 / T), forward and forward+backward (sum of the
-outputs, backward) as medians of `triton.testing.do_bench`, peak memory of one
+outputs, backward) as medians of `triton.testing.do_bench`, the forward+backward
+also replayed from a CUDA graph (`do_bench_cudagraph`: the GPU's time without the host's,
+in brackets in the table), peak memory of one
 forward+backward from `torch.cuda.max_memory_allocated`; then B=1, T=128K; then decode
 latency per token with batch 8 against SDPA over a KV cache (measured first: it is
 quick). Every attention runs in the same process, side by side:
@@ -174,8 +176,12 @@ OPS: dict[str, Callable] = {
 
 
 def measure(build: Callable, B: int, T: int, device, pattern: str = "CS") -> dict:
-    """Median fwd and fwd+bwd milliseconds and peak fwd+bwd memory of one op at (B, T)."""
-    from triton.testing import do_bench
+    """Median fwd and fwd+bwd milliseconds and peak fwd+bwd memory of one op at (B, T),
+    and `graph_fwd_bwd_ms`: the fwd+bwd replayed from one CUDA graph, without the host
+    work of each call (what a `trainer.compile=reduce-overhead` step runs); with it
+    `fwd_bwd_ms` tells how far the host holds the GPU back. A capture that fails is
+    recorded as `graph_error` and leaves the other figures."""
+    from triton.testing import do_bench, do_bench_cudagraph
 
     torch.cuda.empty_cache()
     fwd, leaves = build(B, T, device, pattern)
@@ -195,7 +201,12 @@ def measure(build: Callable, B: int, T: int, device, pattern: str = "CS") -> dic
     with torch.no_grad():
         fwd_ms = do_bench(fwd, warmup=25, rep=100, return_mode="median")
     fwd_bwd_ms = do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
-    return {"fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms, "peak_mib": peak / 2**20}
+    row = {"fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms, "peak_mib": peak / 2**20}
+    try:
+        row["graph_fwd_bwd_ms"] = do_bench_cudagraph(fwd_bwd, rep=100, grad_to_none=leaves, return_mode="median")
+    except Exception as err:  # (torch.cuda.graph names what broke the capture)
+        row["graph_error"] = f"{type(err).__name__}: {err}"[:300]
+    return row
 
 
 def decode_latency(name: str, context: int, device) -> dict:
@@ -324,14 +335,17 @@ def markdown_table(rows: list[dict]) -> str:
     def fmt(r, key):
         return "error" if r is None or "error" in r else f"{r[key]:.2f}"
 
-    lines = ["| pattern, B x T | " + " | ".join(f"{op} fwd / fwd+bwd ms (peak MiB)" for op in ops) + " |",
+    def graphed(r):
+        return "" if r is None or "graph_fwd_bwd_ms" not in r else f" [{r['graph_fwd_bwd_ms']:.2f}]"
+
+    lines = ["| pattern, B x T | " + " | ".join(f"{op} fwd / fwd+bwd [graphed] ms (peak MiB)" for op in ops) + " |",
              "|---" * (len(ops) + 1) + "|"]
     for pattern, B, T in shapes:
         cells = []
         for op in ops:
             r = cell.get((op, pattern, B, T))
             cells.append("-" if r is None and pattern not in OP_PATTERNS.get(op, PATTERNS)
-                         else f"{fmt(r, 'fwd_ms')} / {fmt(r, 'fwd_bwd_ms')} ({fmt(r, 'peak_mib')})")
+                         else f"{fmt(r, 'fwd_ms')} / {fmt(r, 'fwd_bwd_ms')}{graphed(r)} ({fmt(r, 'peak_mib')})")
         shape = f"{B} x {CROSS_TARGET} over {T}" if pattern[1] == "C" else f"{B} x {T}"
         lines.append(f"| {pattern}, {shape} | " + " | ".join(cells) + " |")
     decode = [r for r in rows if r["kind"] == "decode"]

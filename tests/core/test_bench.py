@@ -41,3 +41,12 @@ def test_every_pattern_builds_its_shapes():
             missing = [i for i, t in enumerate(leaves) if t.grad is None]
             assert missing == ([1] if (name, pattern) == ("lavo", "NC") else []), (name, pattern)  # NC reads no keys
     assert bench.parse_args(["--patterns", "NS,NC"]).patterns == ["NS", "NC"]
+
+
+def test_the_table_shows_the_graphed_time_where_it_was_measured():
+    row = dict(kind="kernel", B=8, T=1024, fwd_ms=0.31, fwd_bwd_ms=1.06, peak_mib=40.0)
+    rows = [dict(row, op="lavo", pattern="CC", graph_fwd_bwd_ms=0.42),
+            dict(row, op="softmax", pattern="CC", graph_error="RuntimeError: capture failed")]
+    lines = bench.markdown_table(rows).splitlines()
+    assert lines[0] == "| pattern, B x T | lavo fwd / fwd+bwd [graphed] ms (peak MiB) | softmax fwd / fwd+bwd [graphed] ms (peak MiB) |"
+    assert lines[2] == "| CC, 8 x 512 over 1024 | 0.31 / 1.06 [0.42] (40.00) | 0.31 / 1.06 (40.00) |"
