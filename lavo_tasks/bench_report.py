@@ -187,16 +187,22 @@ def draw_decode(cells, source):
     return lines
 
 
+def kernel_cell(r: dict) -> str:
+    """fwd / fwd+bwd ms, [the fwd+bwd replayed from a CUDA graph] where measured, (peak MiB)."""
+    graphed = f" [{r['graph_fwd_bwd_ms']:.2f}]" if "graph_fwd_bwd_ms" in r else ""
+    return f"{r['fwd_ms']:.2f} / {r['fwd_bwd_ms']:.2f}{graphed} ({r['peak_mib']:.0f})"
+
+
 TABLES = [
     Table("kernel-train", lambda r: r.get("kind") == "kernel" and r.get("pattern", "CS") == "CS", ("op", "B", "T", "fwd_ms", "fwd_bwd_ms", "peak_mib"),
           lambda r: (r["op"], (r["T"], r["B"])),
           wide(kernel_shape, "B x T", KERNEL_OPS,
-               lambda r: f"{r['fwd_ms']:.2f} / {r['fwd_bwd_ms']:.2f} ({r['peak_mib']:.0f})", OP_HEADERS)),
+               kernel_cell, OP_HEADERS)),
     Table("kernel-patterns", lambda r: r.get("kind") == "kernel" and r.get("pattern", "CS") != "CS",
           ("op", "pattern", "B", "T", "fwd_ms", "fwd_bwd_ms", "peak_mib"),
           lambda r: (r["op"], (r["pattern"], r["T"], r["B"])),
           wide(pattern_shape, "pattern, shape", KERNEL_OPS,
-               lambda r: f"{r['fwd_ms']:.2f} / {r['fwd_bwd_ms']:.2f} ({r['peak_mib']:.0f})", OP_HEADERS)),
+               kernel_cell, OP_HEADERS)),
     Table("kernel-decode", lambda r: r.get("kind") == "decode", ("op", "B", "T", "decode_ms", "state_mib"),
           lambda r: (r["op"], (r["T"], r["B"])),
           wide(kernel_shape, "batch x context", KERNEL_OPS,

@@ -146,3 +146,8 @@ def test_decode_rows_of_both_protocols(tmp_path):
     assert lines[4] == "| summarization | lavo<sup>2</sup> | 4K | 4 | graph | 3.00 | 1.50 | 2.00 | 700 | - | 0.500 * | - |"
     assert lines[5] == "| summarization | gsa | 4K | 4 | eager | 6.00 | 1.50 | 4.00 | 700 | - | 0.500 * | - |"
     assert lines[6] == "| summarization | gsa | 4K | 4 | graph | 0.50 † | 1.50 | - | 700 | - | 0.500 * | - |"
+
+
+def test_a_kernel_cell_shows_the_graphed_time_where_it_was_measured():
+    assert bench_report.kernel_cell(kernel("lavo", 1024, 0.14, 1.06, graph_fwd_bwd_ms=0.4)) == "0.14 / 1.06 [0.40] (100)"
+    assert bench_report.kernel_cell(kernel("lavo", 1024, 0.14, 1.06)) == "0.14 / 1.06 (100)"
