@@ -46,6 +46,9 @@ import torch.nn.functional as F
 
 HEADS, HEAD_DIM, WINDOW, RANK, SLOTS = 16, 64, 128, 64, 64
 TOKENS_PER_STEP = 65536
+# do_bench_cudagraph captures about GRAPH_REP_MS / (one call's ms) calls in one graph (its
+# default, 20): fewer than do_bench's 100 ms, since the capture may hold the memory of all of them
+GRAPH_REP_MS = 20
 LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 LONG = 131072
 DECODE_CONTEXTS = (4096, 32768, 131072)
@@ -203,7 +206,8 @@ def measure(build: Callable, B: int, T: int, device, pattern: str = "CS") -> dic
     fwd_bwd_ms = do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=leaves, return_mode="median")
     row = {"fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms, "peak_mib": peak / 2**20}
     try:
-        row["graph_fwd_bwd_ms"] = do_bench_cudagraph(fwd_bwd, rep=100, grad_to_none=leaves, return_mode="median")
+        row["graph_fwd_bwd_ms"] = do_bench_cudagraph(fwd_bwd, rep=GRAPH_REP_MS, grad_to_none=leaves,
+                                                     return_mode="median")
     except Exception as err:  # (torch.cuda.graph names what broke the capture)
         row["graph_error"] = f"{type(err).__name__}: {err}"[:300]
     return row
