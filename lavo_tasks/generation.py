@@ -230,7 +230,7 @@ class _Captured:
     CUDA generator that `advance` draws from is registered with the graph."""
 
     def __init__(self, advance: Callable, warm: Callable, generator: torch.Generator | None):
-        rng = _RngStates(generator)
+        rng = RngStates(generator)
         try:
             self._capture(advance, warm, generator)
         except Exception:
@@ -257,7 +257,7 @@ class _Captured:
         self.graph.replay()
 
 
-class _RngStates:
+class RngStates:
     """The states of the CUDA random generators a capture may draw from or register (the
     default one of the current device, and `generator`), to be put back when it fails.
 

@@ -49,4 +49,39 @@ def test_the_table_shows_the_graphed_time_where_it_was_measured():
             dict(row, op="softmax", pattern="CC", graph_error="RuntimeError: capture failed")]
     lines = bench.markdown_table(rows).splitlines()
     assert lines[0] == "| pattern, B x T | lavo fwd / fwd+bwd [graphed] ms (peak MiB) | softmax fwd / fwd+bwd [graphed] ms (peak MiB) |"
-    assert lines[2] == "| CC, 8 x 512 over 1024 | 0.31 / 1.06 [0.42] (40.00) | 0.31 / 1.06 (40.00) |"
+    assert lines[2] == "| CC, 8 x 512 over 1024 | 0.31 / 1.06 [0.42] (40.00) | 0.31 / 1.06 [error] (40.00) |"
+    without = bench.markdown_table([dict(row, op="lavo", pattern="CC")]).splitlines()[2]
+    assert without == "| CC, 8 x 512 over 1024 | 0.31 / 1.06 (40.00) |"
+
+
+def test_a_failed_capture_is_recorded_and_the_generators_are_put_back(monkeypatch):
+    """The GPU calls replaced: do_bench returns fixed times, the capture raises. The row
+    keeps the eager figures and names the error, and the random generators' states
+    taken before the capture are put back (a failed capture leaves them unusable)."""
+    import triton.testing
+
+    from lavo_tasks import generation
+
+    events = []
+
+    class Saved:
+        def __init__(self, generator):
+            events.append("saved")
+
+        def restore(self):
+            events.append("restored")
+
+    def capture(fn, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(generation, "RngStates", Saved)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kwargs: 2.5)
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", capture)
+    for name in ("empty_cache", "synchronize", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 2**20)
+    row = bench.measure(bench.softmax_op, 1, 16, torch.device("cpu"))
+    assert row == {"fwd_ms": 2.5, "fwd_bwd_ms": 2.5, "peak_mib": 1.0,
+                   "graph_error": "RuntimeError: operation not permitted when stream is capturing"}
+    assert events == ["saved", "restored"]
