@@ -188,8 +188,13 @@ def draw_decode(cells, source):
 
 
 def kernel_cell(r: dict) -> str:
-    """fwd / fwd+bwd ms, [the fwd+bwd replayed from a CUDA graph] where measured, (peak MiB)."""
-    graphed = f" [{r['graph_fwd_bwd_ms']:.2f}]" if "graph_fwd_bwd_ms" in r else ""
+    """fwd / fwd+bwd ms, [the fwd+bwd replayed from a CUDA graph, or error where its
+    capture failed] where the row has it, (peak MiB)."""
+    graphed = ""
+    if "graph_fwd_bwd_ms" in r:
+        graphed = f" [{r['graph_fwd_bwd_ms']:.2f}]"
+    elif "graph_error" in r:
+        graphed = " [error]"
     return f"{r['fwd_ms']:.2f} / {r['fwd_bwd_ms']:.2f}{graphed} ({r['peak_mib']:.0f})"
 
 

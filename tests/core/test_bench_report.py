@@ -151,3 +151,4 @@ def test_decode_rows_of_both_protocols(tmp_path):
 def test_a_kernel_cell_shows_the_graphed_time_where_it_was_measured():
     assert bench_report.kernel_cell(kernel("lavo", 1024, 0.14, 1.06, graph_fwd_bwd_ms=0.4)) == "0.14 / 1.06 [0.40] (100)"
     assert bench_report.kernel_cell(kernel("lavo", 1024, 0.14, 1.06)) == "0.14 / 1.06 (100)"
+    assert bench_report.kernel_cell(kernel("lavo", 1024, 0.14, 1.06, graph_error="x")) == "0.14 / 1.06 [error] (100)"
