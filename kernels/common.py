@@ -75,6 +75,11 @@ def _capturing(device) -> bool:
     return device is not None and device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+def _device_of(args) -> torch.device | None:
+    """The `torch.device` among a table's arguments (None: a table without one)."""
+    return next((a for a in args if isinstance(a, torch.device)), None)
+
+
 def shape_cache(maxsize: int):
     """functools.lru_cache for the index tables the kernels build once per shape, whose
     arguments include the `torch.device` the tables live on.
@@ -95,7 +100,7 @@ def shape_cache(maxsize: int):
     def decorate(build):
         @functools.lru_cache(maxsize)
         def cached(*args):
-            device = next((a for a in args if isinstance(a, torch.device)), None)
+            device = _device_of(args)
             if getattr(_on_builder, "active", False) or device is None or device.type != "cuda":
                 return build(*args)  # on the builder's thread already (a table built from another), or no CUDA
             if _capturing(device):
@@ -107,7 +112,7 @@ def shape_cache(maxsize: int):
         @functools.wraps(build)
         def lookup(*args):
             value = cached(*args)
-            if _capturing(next((a for a in args if isinstance(a, torch.device)), None)):
+            if _capturing(_device_of(args)):
                 _PINNED[build, args] = value
             return value
 

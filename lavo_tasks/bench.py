@@ -180,8 +180,9 @@ def measure(build: Callable, B: int, T: int, device, pattern: str = "CS") -> dic
     and `graph_fwd_bwd_ms`: the fwd+bwd calls replayed back to back from one CUDA graph,
     with no host work between them (as in a `trainer.compile=reduce-overhead` step,
     roughly) and a warm L2 cache, where `do_bench` clears it before each call: the gap
-    between the two is the host's time between kernels and the cold cache's. A capture that fails is
-    recorded as `graph_error`, and the ops measured after it are not affected."""
+    between the two is the host's time between kernels and the cold cache's. A capture
+    that fails is recorded as `graph_error`, and the ops measured after it are not
+    affected."""
     from triton.testing import do_bench, do_bench_cudagraph
 
     from .generation import RngStates
@@ -333,6 +334,8 @@ def run(args) -> list[dict]:
 
 
 def markdown_table(rows: list[dict]) -> str:
+    from .bench_report import graphed
+
     kernel = [r for r in rows if r["kind"] == "kernel"]
     ops = list(dict.fromkeys(r["op"] for r in kernel))
     shapes = list(dict.fromkeys((r.get("pattern", "CS"), r["B"], r["T"]) for r in kernel))
@@ -341,11 +344,6 @@ def markdown_table(rows: list[dict]) -> str:
     def fmt(r, key):
         return "error" if r is None or "error" in r else f"{r[key]:.2f}"
 
-    def graphed(r):
-        if r is not None and "graph_fwd_bwd_ms" in r:
-            return f" [{r['graph_fwd_bwd_ms']:.2f}]"
-        return " [error]" if r is not None and "graph_error" in r else ""
-
     lines = ["| pattern, B x T | " + " | ".join(f"{op} fwd / fwd+bwd [graphed] ms (peak MiB)" for op in ops) + " |",
              "|---" * (len(ops) + 1) + "|"]
     for pattern, B, T in shapes:
@@ -353,7 +351,7 @@ def markdown_table(rows: list[dict]) -> str:
         for op in ops:
             r = cell.get((op, pattern, B, T))
             cells.append("-" if r is None and pattern not in OP_PATTERNS.get(op, PATTERNS)
-                         else f"{fmt(r, 'fwd_ms')} / {fmt(r, 'fwd_bwd_ms')}{graphed(r)} ({fmt(r, 'peak_mib')})")
+                         else f"{fmt(r, 'fwd_ms')} / {fmt(r, 'fwd_bwd_ms')}{graphed(r or {})} ({fmt(r, 'peak_mib')})")
         shape = f"{B} x {CROSS_TARGET} over {T}" if pattern[1] == "C" else f"{B} x {T}"
         lines.append(f"| {pattern}, {shape} | " + " | ".join(cells) + " |")
     decode = [r for r in rows if r["kind"] == "decode"]

@@ -187,15 +187,17 @@ def draw_decode(cells, source):
     return lines
 
 
-def kernel_cell(r: dict) -> str:
-    """fwd / fwd+bwd ms, [the fwd+bwd replayed from a CUDA graph, or error where its
-    capture failed] where the row has it, (peak MiB)."""
-    graphed = ""
+def graphed(r: dict) -> str:
+    """" [ms]" of a kernel row's fwd+bwd replayed from a CUDA graph, " [error]" where its
+    capture failed, "" where it was not measured."""
     if "graph_fwd_bwd_ms" in r:
-        graphed = f" [{r['graph_fwd_bwd_ms']:.2f}]"
-    elif "graph_error" in r:
-        graphed = " [error]"
-    return f"{r['fwd_ms']:.2f} / {r['fwd_bwd_ms']:.2f}{graphed} ({r['peak_mib']:.0f})"
+        return f" [{r['graph_fwd_bwd_ms']:.2f}]"
+    return " [error]" if "graph_error" in r else ""
+
+
+def kernel_cell(r: dict) -> str:
+    """fwd / fwd+bwd ms [graphed] (peak MiB)."""
+    return f"{r['fwd_ms']:.2f} / {r['fwd_bwd_ms']:.2f}{graphed(r)} ({r['peak_mib']:.0f})"
 
 
 TABLES = [

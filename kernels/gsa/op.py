@@ -20,9 +20,8 @@ _F32 = torch.float32
 
 @torch.library.custom_op("lavo_tasks::gsa_causal_fwd", mutates_args=())
 def gsa_causal_fwd(q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, h0k: Tensor | None, h0v: Tensor | None,
-                   scale: float,
-                   lengths: list[int], output_final_state: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
-                                                                          Tensor, Tensor, Tensor]:
+                   scale: float, lengths: list[int],
+                   output_final_state: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """-> (o, K~_T, V~_T, b, z, gsum, sk, sv): chunk.causal_forward's outputs (q None: the
     states only, o and z empty)."""
     return tuple(t.contiguous() for t in causal_forward(q, k, v, g, h0k, h0v, scale, lengths, output_final_state))
