@@ -53,6 +53,10 @@ class LanguageModel(nn.Module):
         lavo_tasks.generation.generate (top_p, beam, no_repeat_ngram, eos_id, ...); with
         an eos_id a row may end early and the result is padded with pad_id.
         """
-        out = generate(self, self.init_state(prompt.shape[0]), prompt, max_len=max_new_tokens,
+        # The eager forward, not the module's call: under trainer.compile that call is the
+        # compiled model, whose CUDA graphs (reduce-overhead) would record a graph for each
+        # prompt length and write over the outputs a decode state still holds;
+        # generation captures the one-token step in a CUDA graph of its own.
+        out = generate(self.forward, self.init_state(prompt.shape[0]), prompt, max_len=max_new_tokens,
                        temperature=temperature, top_k=top_k, generator=generator, **options)
         return out.tokens

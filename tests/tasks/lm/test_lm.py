@@ -281,6 +281,27 @@ def test_greedy_generation_with_decode_states_matches_full_forward(tmp_path, att
     assert torch.equal(logits[:, 6:-1].argmax(-1), new)
 
 
+def test_generation_steps_through_the_eager_forward_of_a_compiled_model(tmp_path):
+    """trainer.compile compiles the model's call in place; generating must not go through
+    it (on a GPU its CUDA graphs overwrote the prefill's decode state: the test's
+    generation crashed). A counting backend sees every frame Dynamo would compile."""
+    from torch._dynamo.testing import CompileCounter
+
+    model = tiny_model(tmp_path, "lavo")
+    prompt = torch.randint(257, (2, 7), generator=torch.Generator().manual_seed(2))
+    eager = model.generate(prompt, 5)
+    counter = CompileCounter()
+    model.compile(backend=counter)
+    try:
+        with torch.no_grad():
+            model(prompt)  # the compiled call is in place: this call compiles a frame
+        assert counter.frame_count == 1
+        assert torch.equal(model.generate(prompt, 5), eager)
+        assert counter.frame_count == 1  # generation compiled nothing more
+    finally:
+        torch._dynamo.reset()
+
+
 def state_bytes(state) -> int:
     """Bytes of every tensor reachable from a decode state (tuples, lists, dataclasses)."""
     if isinstance(state, torch.Tensor):
