@@ -13,7 +13,9 @@ Files are read oldest first: a file's name starts with its date (YYYY-MM-DD), an
 of one day are told apart by a letter at the end of the name (the bare name first, then
 -b, -c, ...). A later row replaces an earlier one with the same key, so every cell of a
 table is the latest measurement of it, and the sources under the table name the file,
-date, device and torch of each cell. Rows carrying an "error" (a measurement that failed,
+date, device and torch of each cell. The GPU is part of every key: a row measured on
+another GPU is a cell of its own, never a replacement, and where a table holds several
+GPUs each line names its own. Rows carrying an "error" (a measurement that failed,
 e.g. out of memory) are not figures and are skipped; any other row that no table takes is
 an error, so a new kind of measurement cannot vanish from the page unnoticed.
 
@@ -78,6 +80,23 @@ def fmt_params(value: int) -> str:
     return f"{value / 1e6:.1f}M"
 
 
+def gpu_name(r: dict) -> str:
+    """The GPU of a row, short: "H200" of "NVIDIA H200", "H100" of "NVIDIA H100 80GB HBM3"."""
+    device = r.get("gpu") or r.get("device") or "device not recorded"
+    words = device.split()
+    return words[1] if len(words) > 1 and words[0] == "NVIDIA" else device
+
+
+def several_gpus(keys) -> bool:
+    """Whether the cells' keys, each ending in the GPU's name, name more than one GPU."""
+    return len({key[-1] for key in keys}) > 1
+
+
+def on_gpu(label: str, key: tuple, several: bool) -> str:
+    """label, followed by the key's GPU (its last part) where the table holds several."""
+    return f"{label} ({key[-1]})" if several else label
+
+
 def order(values, preferred: list) -> list:
     """values in the order of preferred, then any others sorted."""
     values = set(values)
@@ -103,44 +122,48 @@ class Table:
 
 
 def wide(row_label, corner: str, columns: list[str], cell, headers: dict[str, str] | None = None):
-    """draw for keys (attention, row key): rows sorted by row key, attentions across."""
+    """draw for keys (attention, row key ending in the GPU): rows sorted by row key,
+    attentions across."""
     headers = headers or {}
 
     def draw(cells, source):
         ops = order({op for op, _ in cells}, columns)
+        several = several_gpus(rk for _, rk in cells)
         lines = [f"| {corner} | " + " | ".join(headers.get(op, op) for op in ops) + " |", "|---" * (len(ops) + 1) + "|"]
         for rk in sorted({rk for _, rk in cells}):
             first = next(cells[(op, rk)] for op in ops if (op, rk) in cells)
             shown = [cell(cells[(op, rk)]) + source((op, rk)) if (op, rk) in cells else "" for op in ops]
-            lines.append(f"| {row_label(first)} | " + " | ".join(shown) + " |")
+            lines.append(f"| {on_gpu(row_label(first), rk, several)} | " + " | ".join(shown) + " |")
         return lines
 
     return draw
 
 
 def draw_tasks(cells, source):
-    """draw for keys (task, attention): one line per run of bench_e2e."""
+    """draw for keys (task, attention, GPU): one line per run of bench_e2e."""
     lines = ["| task | attention | batch | samples/s | tokens/s | step ms | peak GiB | params |",
              "|---|---|---|---|---|---|---|---|"]
-    for task in sorted({t for t, _ in cells}):
-        for attention in order({a for t, a in cells if t == task}, ATTENTIONS):
-            r = cells[(task, attention)]
-            label = f"{attention} (cross: softmax)" if r.get("cross_fallback") else attention
-            lines.append(f"| {task} | {label}{source((task, attention))} | {r['batch']} | {r['samples_per_s']:.1f} | "
-                         f"{r['tokens_per_s']:,.0f} | {r['step_ms']:.0f} | {r['peak_gib']:.2f} | {fmt_params(r['params'])} |")
+    several = several_gpus(cells)
+    for key in sorted(cells, key=task_then_attention):
+        task, attention, _ = key
+        r = cells[key]
+        label = f"{attention} (cross: softmax)" if r.get("cross_fallback") else attention
+        lines.append(f"| {on_gpu(task, key, several)} | {label}{source(key)} | {r['batch']} | {r['samples_per_s']:.1f} | "
+                     f"{r['tokens_per_s']:,.0f} | {r['step_ms']:.0f} | {r['peak_gib']:.2f} | {fmt_params(r['params'])} |")
     return lines
 
 
 def draw_steps(cells, source):
-    """draw for keys (task, attention, compile, commit): bench_e2e's wall and GPU time per
-    step, one line per run; `commit` names the code measured (before / after a change)."""
+    """draw for keys (task, attention, compile, commit, GPU): bench_e2e's wall and GPU time
+    per step, one line per run; `commit` names the code measured (before / after a change)."""
     lines = ["| task | attention | compile | commit | batch | tokens / step | step ms (wall) | GPU ms | wall / GPU "
              "| syncs / step | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    several = several_gpus(cells)
     for key in sorted(cells, key=task_then_attention):
-        task, attention, compile_mode, commit = key
+        task, attention, compile_mode, commit, _ = key
         r = cells[key]
         label = f"{attention} (cross: softmax)" if r.get("cross_fallback") else attention
-        lines.append(f"| {task} | {label}{source(key)} | {compile_mode} | {commit} | {r['batch']} | "
+        lines.append(f"| {on_gpu(task, key, several)} | {label}{source(key)} | {compile_mode} | {commit} | {r['batch']} | "
                      f"{r['tokens_per_step']:,} | {r['step_ms']:.1f} | {r['gpu_ms']:.1f} | "
                      f"{r['step_ms'] / r['gpu_ms']:.2f} | {r['syncs_per_step']} | {r['peak_gib']:.2f} |")
     return lines
@@ -165,7 +188,7 @@ WALL_TOKENS = 256  # bench_decode's default: the fewest tokens whose captured wa
 
 
 def draw_decode(cells, source):
-    """draw for keys (task, attention, context, beam, mode): one line per bench_decode row.
+    """draw for keys (task, attention, context, beam, mode, GPU): one line per bench_decode row.
     A row of the first protocol (the context read inside each run) has no state and one
     peak, the encoder or prefill included: shown in the decode peak column, marked *.
     A captured row timed over fewer than WALL_TOKENS tokens has its wall time marked †
@@ -173,6 +196,7 @@ def draw_decode(cells, source):
     call, does not cancel between its long and short runs."""
     lines = ["| task | attention | context | beam | mode | wall ms / token | GPU ms / token | wall / GPU "
              "| kernels / token | state GiB | decode peak GiB | prepare peak GiB |", "|---" * 12 + "|"]
+    several = several_gpus(cells)
     for key in sorted(cells, key=task_then_attention):
         r = cells[key]
         state = f"{r['state_gib']:.3f}" if "state_gib" in r else "-"
@@ -181,7 +205,7 @@ def draw_decode(cells, source):
         short = r["mode"] == "graph" and r["tokens"] < WALL_TOKENS
         wall = f"{r['wall_ms']:.2f}" + (" †" if short else "")
         ratio = "-" if short else f"{r['wall_ms'] / r['gpu_ms']:.2f}"
-        lines.append(f"| {r['task']} | {r['attention']}{source(key)} | {fmt_len(r['context'])} | {r['beam']} "
+        lines.append(f"| {on_gpu(r['task'], key, several)} | {r['attention']}{source(key)} | {fmt_len(r['context'])} | {r['beam']} "
                      f"| {r['mode']} | {wall} | {r['gpu_ms']:.2f} | {ratio} "
                      f"| {r['kernels']:.0f} | {state} | {peak} | {prepare} |")
     return lines
@@ -202,32 +226,32 @@ def kernel_cell(r: dict) -> str:
 
 TABLES = [
     Table("kernel-train", lambda r: r.get("kind") == "kernel" and r.get("pattern", "CS") == "CS", ("op", "B", "T", "fwd_ms", "fwd_bwd_ms", "peak_mib"),
-          lambda r: (r["op"], (r["T"], r["B"])),
+          lambda r: (r["op"], (r["T"], r["B"], gpu_name(r))),
           wide(kernel_shape, "B x T", KERNEL_OPS,
                kernel_cell, OP_HEADERS)),
     Table("kernel-patterns", lambda r: r.get("kind") == "kernel" and r.get("pattern", "CS") != "CS",
           ("op", "pattern", "B", "T", "fwd_ms", "fwd_bwd_ms", "peak_mib"),
-          lambda r: (r["op"], (r["pattern"], r["T"], r["B"])),
+          lambda r: (r["op"], (r["pattern"], r["T"], r["B"], gpu_name(r))),
           wide(pattern_shape, "pattern, shape", KERNEL_OPS,
                kernel_cell, OP_HEADERS)),
     Table("kernel-decode", lambda r: r.get("kind") == "decode", ("op", "B", "T", "decode_ms", "state_mib"),
-          lambda r: (r["op"], (r["T"], r["B"])),
+          lambda r: (r["op"], (r["T"], r["B"], gpu_name(r))),
           wide(kernel_shape, "batch x context", KERNEL_OPS,
                lambda r: f"{r['decode_ms']:.3f} ms, {fmt_mib(r['state_mib'])}",
                {"softmax": "softmax (SDPA + KV cache)", "fla_gsa": "fla `fused_recurrent_gsa`"})),
     Table("e2e-lm-length", lambda r: "task" not in r and "tokens_per_s" in r, ("attention", "T", "step_ms"),
-          lambda r: (r["attention"], r["T"]),
+          lambda r: (r["attention"], (r["T"], gpu_name(r))),
           wide(lambda r: fmt_len(r["T"]), "T", ATTENTIONS,
                lambda r: f"{fmt_k(r['tokens_per_s'])} ({r['step_ms']:.0f})")),
     Table("e2e-steps", lambda r: "task" in r and "gpu_ms" in r and "mode" not in r,  # decode rows: e2e-decode
           ("attention", "compile", "commit", "batch", "tokens_per_step", "step_ms", "gpu_ms", "syncs_per_step",
-           "peak_gib"), lambda r: (r["task"], r["attention"], r["compile"], r["commit"]), draw_steps),
+           "peak_gib"), lambda r: (r["task"], r["attention"], r["compile"], r["commit"], gpu_name(r)), draw_steps),
     Table("e2e-tasks", lambda r: "task" in r and "samples_per_s" in r,
-          ("attention", "batch", "tokens_per_s", "step_ms", "peak_gib", "params"), lambda r: (r["task"], r["attention"]),
+          ("attention", "batch", "tokens_per_s", "step_ms", "peak_gib", "params"), lambda r: (r["task"], r["attention"], gpu_name(r)),
           draw_tasks),
     Table("e2e-decode", lambda r: "task" in r and "mode" in r and "wall_ms" in r,
           ("attention", "context", "beam", "mode", "wall_ms", "gpu_ms", "kernels", "peak_gib"),
-          lambda r: (r["task"], r["attention"], r["context"], r["beam"], r["mode"]), draw_decode),
+          lambda r: (r["task"], r["attention"], r["context"], r["beam"], r["mode"], gpu_name(r)), draw_decode),
 ]
 
 

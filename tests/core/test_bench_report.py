@@ -79,8 +79,23 @@ def test_a_file_without_its_date_and_an_unknown_marker_are_refused(tmp_path, cap
 def test_the_tasks_table_names_the_cross_fallback():
     row = {"task": "tts", "attention": "local", "cross_fallback": True, "batch": 16, "samples_per_s": 172.6,
            "tokens_per_s": 24683.2, "step_ms": 92.7, "peak_gib": 1.421, "params": 53_100_000}
-    lines = bench_report.draw_tasks({("tts", "local"): row}, lambda key: "")
+    lines = bench_report.draw_tasks({("tts", "local", "H200"): row}, lambda key: "")
     assert lines[-1] == "| tts | local (cross: softmax) | 16 | 172.6 | 24,683 | 93 | 1.42 | 53.1M |"
+
+
+def test_a_row_of_another_gpu_is_a_line_of_its_own_named_by_its_gpu(tmp_path):
+    """Cells of two GPUs never replace each other; the lines then name their GPU (the
+    device string's model: "NVIDIA H100 80GB HBM3" -> H100)."""
+    h100 = {"gpu": "NVIDIA H100 80GB HBM3"}
+    write(tmp_path, "2026-01-01-a.jsonl", [kernel("lavo", 1024, 1.0, 4.0), kernel("softmax", 1024, 3.0, 9.0)])
+    write(tmp_path, "2026-01-02-b.jsonl", [kernel("lavo", 1024, 0.5, 2.0) | h100, kernel("lavo", 2048, 0.6, 2.1) | h100])
+    (tmp_path / "page.md").write_text("<!-- table: kernel-train -->\n<!-- end table -->\n")
+    assert bench_report.main([str(tmp_path), "--page", str(tmp_path / "page.md")]) == 0
+    lines = (tmp_path / "page.md").read_text().splitlines()
+    assert lines[3:6] == ["| 64 x 1K (GPU-A) | 3.00 / 9.00 (100) | 1.00 / 4.00 (100) |",
+                          "| 64 x 1K (H100) |  | 0.50 / 2.00 (100)<sup>2</sup> |",
+                          "| 32 x 2K (H100) |  | 0.60 / 2.10 (100)<sup>2</sup> |"]
+    assert lines[-2].endswith("2026-01-02-b.jsonl), x, NVIDIA H100 80GB HBM3, torch 9.9")
 
 
 def test_the_steps_table_keeps_a_row_per_compile_mode_and_commit_with_wall_over_gpu(tmp_path):
