@@ -26,7 +26,8 @@ quick). Every attention runs in the same process, side by side:
 self-attention, the same shapes; SDPA without the causal mask as the peer), and CC and NC
 (cross-attention of CROSS_TARGET = 512 target positions, batch CROSS_BATCH = 8, over
 sources of the `--lengths` from 1K to 16K; SDPA causal (query t sees source positions
-<= t, SDPA's top-left causal mask) and unmasked as the peers). `local` runs CS and NS,
+<= t, SDPA's top-left causal mask; with the memory-efficient backend, as FlashAttention
+takes no causal mask over a longer source) and unmasked as the peers). `local` runs CS and NS,
 `fla_gsa` CS only.
 
 Writes DIR/bench.jsonl (one JSON object per measurement) and DIR/bench.png, and prints
@@ -69,7 +70,9 @@ def _lengths(T, pattern):
 
 # Each builder takes (B, T, device, pattern) and returns (forward callable -> tensor, leaf tensors).
 def softmax_op(B, T, device, pattern="CS", forced: bool = True):
-    """forced: SDPA's FlashAttention backend; else the backend torch chooses."""
+    """forced: SDPA's FlashAttention backend (CC: it or the memory-efficient one, which
+    SDPA takes on a GPU, since there FlashAttention refuses is_causal where the query and
+    key lengths differ); else the backend torch chooses."""
     from contextlib import nullcontext
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -77,9 +80,10 @@ def softmax_op(B, T, device, pattern="CS", forced: bool = True):
     n, m = _lengths(T, pattern)
     q = _randn(B, HEADS, n, HEAD_DIM, device=device)
     k, v = (_randn(B, HEADS, m, HEAD_DIM, device=device) for _ in range(2))
+    backends = [SDPBackend.FLASH_ATTENTION] + ([SDPBackend.EFFICIENT_ATTENTION] if pattern == "CC" else [])
 
     def fwd():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if forced else nullcontext():
+        with sdpa_kernel(backends) if forced else nullcontext():
             return F.scaled_dot_product_attention(q, k, v, is_causal=pattern[0] == "C")
 
     return fwd, [q, k, v]
