@@ -81,10 +81,10 @@ def fmt_params(value: int) -> str:
 
 
 def gpu_name(r: dict) -> str:
-    """The GPU of a row, short: "H200" of "NVIDIA H200", "H100" of "NVIDIA H100 80GB HBM3"."""
+    """The GPU of a row: its device name without the vendor ("H100 80GB HBM3" of "NVIDIA
+    H100 80GB HBM3"), whole otherwise, so that two models never share a name."""
     device = r.get("gpu") or r.get("device") or "device not recorded"
-    words = device.split()
-    return words[1] if len(words) > 1 and words[0] == "NVIDIA" else device
+    return device.removeprefix("NVIDIA ")
 
 
 def several_gpus(keys) -> bool:
@@ -159,7 +159,8 @@ def draw_steps(cells, source):
     lines = ["| task | attention | compile | commit | batch | tokens / step | step ms (wall) | GPU ms | wall / GPU "
              "| syncs / step | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     several = several_gpus(cells)
-    for key in sorted(cells, key=task_then_attention):
+    # each GPU's lines together within a task and attention
+    for key in sorted(cells, key=lambda k: task_then_attention((k[0], k[1], k[4], k[2], k[3]))):
         task, attention, compile_mode, commit, _ = key
         r = cells[key]
         label = f"{attention} (cross: softmax)" if r.get("cross_fallback") else attention

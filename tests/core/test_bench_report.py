@@ -85,7 +85,7 @@ def test_the_tasks_table_names_the_cross_fallback():
 
 def test_a_row_of_another_gpu_is_a_line_of_its_own_named_by_its_gpu(tmp_path):
     """Cells of two GPUs never replace each other; the lines then name their GPU (the
-    device string's model: "NVIDIA H100 80GB HBM3" -> H100)."""
+    device name without the vendor's)."""
     h100 = {"gpu": "NVIDIA H100 80GB HBM3"}
     write(tmp_path, "2026-01-01-a.jsonl", [kernel("lavo", 1024, 1.0, 4.0), kernel("softmax", 1024, 3.0, 9.0)])
     write(tmp_path, "2026-01-02-b.jsonl", [kernel("lavo", 1024, 0.5, 2.0) | h100, kernel("lavo", 2048, 0.6, 2.1) | h100])
@@ -93,8 +93,8 @@ def test_a_row_of_another_gpu_is_a_line_of_its_own_named_by_its_gpu(tmp_path):
     assert bench_report.main([str(tmp_path), "--page", str(tmp_path / "page.md")]) == 0
     lines = (tmp_path / "page.md").read_text().splitlines()
     assert lines[3:6] == ["| 64 x 1K (GPU-A) | 3.00 / 9.00 (100) | 1.00 / 4.00 (100) |",
-                          "| 64 x 1K (H100) |  | 0.50 / 2.00 (100)<sup>2</sup> |",
-                          "| 32 x 2K (H100) |  | 0.60 / 2.10 (100)<sup>2</sup> |"]
+                          "| 64 x 1K (H100 80GB HBM3) |  | 0.50 / 2.00 (100)<sup>2</sup> |",
+                          "| 32 x 2K (H100 80GB HBM3) |  | 0.60 / 2.10 (100)<sup>2</sup> |"]
     assert lines[-2].endswith("2026-01-02-b.jsonl), x, NVIDIA H100 80GB HBM3, torch 9.9")
 
 

@@ -283,8 +283,9 @@ def test_greedy_generation_with_decode_states_matches_full_forward(tmp_path, att
 
 def test_generation_steps_through_the_eager_forward_of_a_compiled_model(tmp_path):
     """trainer.compile compiles the model's call in place; generating must not go through
-    it (on a GPU its CUDA graphs overwrote the prefill's decode state: the test's
-    generation crashed). A counting backend sees every frame Dynamo would compile."""
+    it: under reduce-overhead the next replay of its CUDA graphs overwrites the outputs
+    (the prefill's decode state) that the following step reads. A counting backend sees
+    every frame Dynamo would compile."""
     from torch._dynamo.testing import CompileCounter
 
     model = tiny_model(tmp_path, "lavo")
@@ -294,10 +295,11 @@ def test_generation_steps_through_the_eager_forward_of_a_compiled_model(tmp_path
     model.compile(backend=counter)
     try:
         with torch.no_grad():
-            model(prompt)  # the compiled call is in place: this call compiles a frame
-        assert counter.frame_count == 1
+            model(prompt)  # the compiled call is in place: this call compiles
+        compiled = counter.frame_count
+        assert compiled >= 1
         assert torch.equal(model.generate(prompt, 5), eager)
-        assert counter.frame_count == 1  # generation compiled nothing more
+        assert counter.frame_count == compiled  # generation compiled nothing more
     finally:
         torch._dynamo.reset()
 
