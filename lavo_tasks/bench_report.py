@@ -80,11 +80,16 @@ def fmt_params(value: int) -> str:
     return f"{value / 1e6:.1f}M"
 
 
+def device_of(r: dict) -> str:
+    """The device a row was measured on, as recorded (bench writes "gpu", the others
+    "device")."""
+    return r.get("gpu") or r.get("device") or "device not recorded"
+
+
 def gpu_name(r: dict) -> str:
     """The GPU of a row: its device name without the vendor ("H100 80GB HBM3" of "NVIDIA
     H100 80GB HBM3"), whole otherwise, so that two models never share a name."""
-    device = r.get("gpu") or r.get("device") or "device not recorded"
-    return device.removeprefix("NVIDIA ")
+    return device_of(r).removeprefix("NVIDIA ")
 
 
 def several_gpus(keys) -> bool:
@@ -108,6 +113,13 @@ def task_then_attention(key: tuple) -> tuple:
     any others after them by name, then the rest of the key."""
     task, attention, *rest = key
     return (task, ATTENTIONS.index(attention) if attention in ATTENTIONS else len(ATTENTIONS), attention, *rest)
+
+
+def by_gpu_within_attention(key: tuple) -> tuple:
+    """A sort key for cells keyed (task, attention, ..., GPU): task_then_attention's, with
+    the GPU moved up to just after the attention, so each GPU's lines stand together."""
+    task, attention, *rest, gpu = key
+    return task_then_attention((task, attention, gpu, *rest))
 
 
 @dataclass(frozen=True)
@@ -159,8 +171,7 @@ def draw_steps(cells, source):
     lines = ["| task | attention | compile | commit | batch | tokens / step | step ms (wall) | GPU ms | wall / GPU "
              "| syncs / step | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     several = several_gpus(cells)
-    # each GPU's lines together within a task and attention
-    for key in sorted(cells, key=lambda k: task_then_attention((k[0], k[1], k[4], k[2], k[3]))):
+    for key in sorted(cells, key=by_gpu_within_attention):
         task, attention, compile_mode, commit, _ = key
         r = cells[key]
         label = f"{attention} (cross: softmax)" if r.get("cross_fallback") else attention
@@ -198,7 +209,7 @@ def draw_decode(cells, source):
     lines = ["| task | attention | context | beam | mode | wall ms / token | GPU ms / token | wall / GPU "
              "| kernels / token | state GiB | decode peak GiB | prepare peak GiB |", "|---" * 12 + "|"]
     several = several_gpus(cells)
-    for key in sorted(cells, key=task_then_attention):
+    for key in sorted(cells, key=by_gpu_within_attention):
         r = cells[key]
         state = f"{r['state_gib']:.3f}" if "state_gib" in r else "-"
         peak = f"{r['peak_gib']:.3f}" + ("" if "state_gib" in r else " *")
@@ -285,7 +296,7 @@ def build_tables(rows: list[tuple[Path, int, dict]]) -> dict[str, str]:
         lines.append("")
         for i, path in enumerate(files, 1):
             sample = next(cells[table.name][k] for k, p in origin[table.name].items() if p == path)
-            device = sample.get("gpu") or sample.get("device", "device not recorded")
+            device = device_of(sample)
             which = "unmarked cells" if i == 1 else f"<sup>{i}</sup>"
             lines.append(f"- {which}: [bench/{path.name}](bench/{path.name}), {sample.get('date', path.name[:10])}, "
                          f"{device}, torch {sample.get('torch', 'not recorded')}")

@@ -98,6 +98,24 @@ def test_a_row_of_another_gpu_is_a_line_of_its_own_named_by_its_gpu(tmp_path):
     assert lines[-2].endswith("2026-01-02-b.jsonl), x, NVIDIA H100 80GB HBM3, torch 9.9")
 
 
+def test_the_steps_table_keeps_each_gpus_lines_together(tmp_path):
+    def step(device, compile_mode, step_ms):
+        return {"date": "2026-12-07", "device": device, "torch": "9.9", "task": "tsf", "attention": "lavo",
+                "compile": compile_mode, "commit": "aaa", "batch": 32, "samples_per_s": 1.0, "tokens_per_s": 1.0,
+                "tokens_per_step": 5376, "step_ms": step_ms, "gpu_ms": 2.0, "syncs_per_step": 1, "peak_gib": 0.12,
+                "params": 1}
+    write(tmp_path, "2026-12-07-a.jsonl", [step("NVIDIA H200", "off", 20.0), step("NVIDIA H200", "reduce-overhead", 4.0),
+                                           step("NVIDIA H100 80GB HBM3", "off", 21.0),
+                                           step("NVIDIA H100 80GB HBM3", "reduce-overhead", 2.0)])
+    (tmp_path / "page.md").write_text("<!-- table: e2e-steps -->\n<!-- end table -->\n")
+    assert bench_report.main([str(tmp_path), "--page", str(tmp_path / "page.md")]) == 0
+    lines = (tmp_path / "page.md").read_text().splitlines()
+    assert [line.split(" | ")[:3] for line in lines[3:7]] == [["| tsf (H100 80GB HBM3)", "lavo", "off"],
+                                                              ["| tsf (H100 80GB HBM3)", "lavo", "reduce-overhead"],
+                                                              ["| tsf (H200)", "lavo", "off"],
+                                                              ["| tsf (H200)", "lavo", "reduce-overhead"]]
+
+
 def test_the_steps_table_keeps_a_row_per_compile_mode_and_commit_with_wall_over_gpu(tmp_path):
     def step(commit, compile_mode, step_ms, gpu_ms):
         return {"date": "2026-12-03", "device": "GPU-A", "torch": "9.9", "task": "tts", "attention": "lavo",
