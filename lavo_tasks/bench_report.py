@@ -156,7 +156,7 @@ def draw_tasks(cells, source):
     lines = ["| task | attention | batch | samples/s | tokens/s | step ms | peak GiB | params |",
              "|---|---|---|---|---|---|---|---|"]
     several = several_gpus(cells)
-    for key in sorted(cells, key=task_then_attention):
+    for key in sorted(cells, key=by_gpu_within_attention):
         task, attention, _ = key
         r = cells[key]
         label = f"{attention} (cross: softmax)" if r.get("cross_fallback") else attention

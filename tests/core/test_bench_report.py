@@ -18,6 +18,22 @@ def write(folder: Path, name: str, rows: list[dict]):
     (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def rendered(folder: Path, table: str) -> list[str]:
+    """The lines of a page holding only `table`'s markers, after the report of folder's files."""
+    page = folder / "page.md"
+    page.write_text(f"<!-- table: {table} -->\n<!-- end table -->\n")
+    assert bench_report.main([str(folder), "--page", str(page)]) == 0
+    return page.read_text().splitlines()
+
+
+def step(**fields):
+    """A bench_e2e row of the steps table: tts's lavo at commit aaa, eager, on GPU-A."""
+    return {"date": "2026-12-03", "device": "GPU-A", "torch": "9.9", "task": "tts", "attention": "lavo",
+            "cross_fallback": False, "compile": "off", "commit": "aaa", "batch": 16, "samples_per_s": 1.0,
+            "tokens_per_s": 1.0, "tokens_per_step": 2464, "step_ms": 100.0, "gpu_ms": 10.0, "syncs_per_step": 2,
+            "peak_gib": 1.25, "params": 1, **fields}
+
+
 def test_later_runs_replace_earlier_cells_and_are_marked(tmp_path):
     bench = tmp_path / "bench"
     bench.mkdir()
@@ -89,9 +105,7 @@ def test_a_row_of_another_gpu_is_a_line_of_its_own_named_by_its_gpu(tmp_path):
     h100 = {"gpu": "NVIDIA H100 80GB HBM3"}
     write(tmp_path, "2026-01-01-a.jsonl", [kernel("lavo", 1024, 1.0, 4.0), kernel("softmax", 1024, 3.0, 9.0)])
     write(tmp_path, "2026-01-02-b.jsonl", [kernel("lavo", 1024, 0.5, 2.0) | h100, kernel("lavo", 2048, 0.6, 2.1) | h100])
-    (tmp_path / "page.md").write_text("<!-- table: kernel-train -->\n<!-- end table -->\n")
-    assert bench_report.main([str(tmp_path), "--page", str(tmp_path / "page.md")]) == 0
-    lines = (tmp_path / "page.md").read_text().splitlines()
+    lines = rendered(tmp_path, "kernel-train")
     assert lines[3:6] == ["| 64 x 1K (GPU-A) | 3.00 / 9.00 (100) | 1.00 / 4.00 (100) |",
                           "| 64 x 1K (H100 80GB HBM3) |  | 0.50 / 2.00 (100)<sup>2</sup> |",
                           "| 32 x 2K (H100 80GB HBM3) |  | 0.60 / 2.10 (100)<sup>2</sup> |"]
@@ -99,17 +113,10 @@ def test_a_row_of_another_gpu_is_a_line_of_its_own_named_by_its_gpu(tmp_path):
 
 
 def test_the_steps_table_keeps_each_gpus_lines_together(tmp_path):
-    def step(device, compile_mode, step_ms):
-        return {"date": "2026-12-07", "device": device, "torch": "9.9", "task": "tsf", "attention": "lavo",
-                "compile": compile_mode, "commit": "aaa", "batch": 32, "samples_per_s": 1.0, "tokens_per_s": 1.0,
-                "tokens_per_step": 5376, "step_ms": step_ms, "gpu_ms": 2.0, "syncs_per_step": 1, "peak_gib": 0.12,
-                "params": 1}
-    write(tmp_path, "2026-12-07-a.jsonl", [step("NVIDIA H200", "off", 20.0), step("NVIDIA H200", "reduce-overhead", 4.0),
-                                           step("NVIDIA H100 80GB HBM3", "off", 21.0),
-                                           step("NVIDIA H100 80GB HBM3", "reduce-overhead", 2.0)])
-    (tmp_path / "page.md").write_text("<!-- table: e2e-steps -->\n<!-- end table -->\n")
-    assert bench_report.main([str(tmp_path), "--page", str(tmp_path / "page.md")]) == 0
-    lines = (tmp_path / "page.md").read_text().splitlines()
+    h200, h100 = {"task": "tsf", "device": "NVIDIA H200"}, {"task": "tsf", "device": "NVIDIA H100 80GB HBM3"}
+    write(tmp_path, "2026-12-07-a.jsonl", [step(**h200), step(**h200, compile="reduce-overhead"),
+                                           step(**h100), step(**h100, compile="reduce-overhead")])
+    lines = rendered(tmp_path, "e2e-steps")
     assert [line.split(" | ")[:3] for line in lines[3:7]] == [["| tsf (H100 80GB HBM3)", "lavo", "off"],
                                                               ["| tsf (H100 80GB HBM3)", "lavo", "reduce-overhead"],
                                                               ["| tsf (H200)", "lavo", "off"],
@@ -117,16 +124,9 @@ def test_the_steps_table_keeps_each_gpus_lines_together(tmp_path):
 
 
 def test_the_steps_table_keeps_a_row_per_compile_mode_and_commit_with_wall_over_gpu(tmp_path):
-    def step(commit, compile_mode, step_ms, gpu_ms):
-        return {"date": "2026-12-03", "device": "GPU-A", "torch": "9.9", "task": "tts", "attention": "lavo",
-                "cross_fallback": False, "compile": compile_mode, "commit": commit, "batch": 16,
-                "samples_per_s": 1.0, "tokens_per_s": 1.0, "tokens_per_step": 2464, "step_ms": step_ms,
-                "gpu_ms": gpu_ms, "syncs_per_step": 2, "peak_gib": 1.25, "params": 1}
-    write(tmp_path, "2026-12-03-a.jsonl", [step("aaa", "off", 100.0, 10.0), step("aaa", "default", 30.0, 8.0)])
-    write(tmp_path, "2026-12-03-a-b.jsonl", [step("bbb", "off", 90.0, 9.0)])
-    (tmp_path / "page.md").write_text("<!-- table: e2e-steps -->\n<!-- end table -->\n")
-    assert bench_report.main([str(tmp_path), "--page", str(tmp_path / "page.md")]) == 0
-    lines = (tmp_path / "page.md").read_text().splitlines()
+    write(tmp_path, "2026-12-03-a.jsonl", [step(), step(compile="default", step_ms=30.0, gpu_ms=8.0)])
+    write(tmp_path, "2026-12-03-a-b.jsonl", [step(commit="bbb", step_ms=90.0, gpu_ms=9.0)])
+    lines = rendered(tmp_path, "e2e-steps")
     assert lines[3:6] == ["| tts | lavo | default | aaa | 16 | 2,464 | 30.0 | 8.0 | 3.75 | 2 | 1.25 |",
                           "| tts | lavo | off | aaa | 16 | 2,464 | 100.0 | 10.0 | 10.00 | 2 | 1.25 |",
                           "| tts | lavo<sup>2</sup> | off | bbb | 16 | 2,464 | 90.0 | 9.0 | 10.00 | 2 | 1.25 |"]
