@@ -3,7 +3,10 @@
 The Cayley map of a skew-symmetric A is (I - A/2)^-1 (I + A/2) = 2 (I - A/2)^-1 - I, so
 the basis needs one inverse per head. cuSOLVER's batched solve of [H, 64, 64] takes many
 small launches (a factorisation and triangular solves per matrix, forward and backward);
-here one Triton program inverts one matrix in registers, all heads in one launch.
+here one Triton program inverts one matrix in registers, all heads in one launch, by
+Gauss-Jordan elimination in blocks of PIVOT_BLOCK pivots: the sequential steps run on a
+[16, 16] tile, and the elimination of a block from the whole matrix is two products
+(fp32, `input_precision="ieee"`).
 
 M = I - S with S skew-symmetric has the identity as its symmetric part, so xᵀMx = |x|²
 for every x: M and every leading block of it are nonsingular, and Gauss-Jordan
@@ -25,25 +28,59 @@ from ..common import tile_width
 MAX_DIM = 128  # a [128, 128] fp32 matrix per program still fits the registers of 8 warps
 
 
+PIVOT_BLOCK = 16  # pivots eliminated together: tl.dot's smallest width
+
+
 @triton.jit
-def _unit_skew_inverse_kernel(s_ptr, w_ptr, D: tl.constexpr, BD: tl.constexpr):
-    """W = (I - S)^-1 for the matrix S [D, D] of this program (a row-major batch), by
-    Gauss-Jordan elimination in place: step k scales row k by the pivot and eliminates
-    column k from every other row, leaving column k of the inverse in its place. The
-    padding beyond D is the identity, which the steps leave as it is."""
-    offset = tl.program_id(0).to(tl.int64) * D * D
-    idx = tl.arange(0, BD)
+def _gauss_jordan(a, B: tl.constexpr):
+    """The inverse of the register tile a [B, B], by Gauss-Jordan elimination in place:
+    step k scales row k by the pivot and eliminates column k from every other row,
+    leaving column k of the inverse in its place."""
+    idx = tl.arange(0, B)
     rows, cols = idx[:, None], idx[None, :]
-    inside = (rows < D) & (cols < D)
-    s = tl.load(s_ptr + offset + rows * D + cols, mask=inside, other=0.0).to(tl.float32)
-    a = tl.where(rows == cols, 1.0, 0.0) - s  # [BD, BD]
-    for k in tl.static_range(D):
+    for k in tl.static_range(B):
         row = tl.sum(tl.where(rows == k, a, 0.0), axis=0)  # a[k, :]
         col = tl.sum(tl.where(cols == k, a, 0.0), axis=1)  # a[:, k]
         pivot = tl.sum(tl.where(idx == k, row, 0.0), axis=0)
         scaled = tl.where(idx == k, 1.0, row) / pivot  # the new row k; its entry k is 1 / pivot
         a = tl.where(cols == k, 0.0, a) - col[:, None] * scaled[None, :]  # column k becomes -a[:, k] / pivot
         a = tl.where(rows == k, scaled[None, :], a)
+    return a
+
+
+@triton.jit
+def _unit_skew_inverse_kernel(s_ptr, w_ptr, D: tl.constexpr, BD: tl.constexpr, B: tl.constexpr):
+    """W = (I - S)^-1 for the matrix S [D, D] of this program (a row-major batch), by
+    Gauss-Jordan elimination in blocks of B pivots, in place. For the pivots K of a
+    block, with D = A[K, K], P = A[:, K], R = A[K, :], one block step is
+
+        A[i, j] <- A[i, j] - P[i] D^-1 R[j]    (i, j not in K)
+        A[K, j] <- D^-1 R[j]                   (j not in K)
+        A[i, K] <- -P[i] D^-1                  (i not in K)
+        A[K, K] <- D^-1
+
+    that is A <- E + Z R', with E = A outside the rows and columns K, Z = -P D^-1 with its
+    rows K replaced by D^-1, and R' = R with its columns K replaced by the identity. Only
+    D^-1 takes B sequential steps; the rest is products, in which the selection matrix
+    `sel` [B, BD] (sel[b, K[b]] = 1) takes P, R and D out of the tile. The padding
+    beyond D is the identity, which the block steps leave as it is."""
+    offset = tl.program_id(0).to(tl.int64) * D * D
+    idx = tl.arange(0, BD)
+    rows, cols = idx[:, None], idx[None, :]
+    inside = (rows < D) & (cols < D)
+    s = tl.load(s_ptr + offset + rows * D + cols, mask=inside, other=0.0).to(tl.float32)
+    a = tl.where(rows == cols, 1.0, 0.0) - s  # [BD, BD]
+    pivots = tl.arange(0, B)
+    for first in tl.static_range(0, BD, B):
+        sel = tl.where(pivots[:, None] + first == cols, 1.0, 0.0)  # [B, BD]
+        r = tl.dot(sel, a, input_precision="ieee")  # [B, BD]: rows K
+        p = tl.dot(a, tl.trans(sel), input_precision="ieee")  # [BD, B]: columns K
+        d_inv = _gauss_jordan(tl.dot(r, tl.trans(sel), input_precision="ieee"), B)  # [B, B]
+        in_k = (idx >= first) & (idx < first + B)
+        z = tl.where(in_k[:, None], tl.dot(tl.trans(sel), d_inv, input_precision="ieee"),
+                     -tl.dot(p, d_inv, input_precision="ieee"))  # [BD, B]
+        r = tl.where(in_k[None, :], sel, r)
+        a = tl.where(in_k[:, None] | in_k[None, :], 0.0, a) + tl.dot(z, r, input_precision="ieee")
     tl.store(w_ptr + offset + rows * D + cols, a, mask=inside)
 
 
@@ -54,7 +91,7 @@ def _inverse_op(s: Tensor) -> Tensor:
     w = torch.empty_like(s)
     dim = s.shape[-1]
     width = tile_width(dim)
-    _unit_skew_inverse_kernel[(s.shape[0],)](s, w, dim, BD=width, num_warps=4 if width <= 64 else 8)
+    _unit_skew_inverse_kernel[(s.shape[0],)](s, w, dim, BD=width, B=PIVOT_BLOCK, num_warps=4 if width <= 64 else 8)
     return w
 
 
