@@ -5,8 +5,8 @@ the basis needs one inverse per head. cuSOLVER's batched solve of [H, 64, 64] ta
 small launches (a factorisation and triangular solves per matrix, forward and backward);
 here one Triton program inverts one matrix in registers, all heads in one launch, by
 Gauss-Jordan elimination in blocks of PIVOT_BLOCK pivots: the sequential steps run on a
-[16, 16] tile, and the elimination of a block from the whole matrix is two products
-(fp32, `input_precision="ieee"`).
+[16, 16] tile, and eliminating a block from the whole matrix is two products (fp32,
+`input_precision="ieee"`).
 
 M = I - S with S skew-symmetric has the identity as its symmetric part, so xᵀMx = |x|²
 for every x: M and every leading block of it are nonsingular, and Gauss-Jordan
@@ -23,12 +23,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..common import tile_width
+from ..common import MIN_DOT, tile_width
 
-MAX_DIM = 128  # a [128, 128] fp32 matrix per program still fits the registers of 8 warps
+MAX_DIM = 128  # the widest matrix: a [128, 128] fp32 tile per program, on 8 warps
 
 
-PIVOT_BLOCK = 16  # pivots eliminated together: tl.dot's smallest width
+PIVOT_BLOCK = MIN_DOT  # pivots eliminated together: tl.dot's smallest width
 
 
 @triton.jit
@@ -52,18 +52,18 @@ def _gauss_jordan(a, B: tl.constexpr):
 def _unit_skew_inverse_kernel(s_ptr, w_ptr, D: tl.constexpr, BD: tl.constexpr, B: tl.constexpr):
     """W = (I - S)^-1 for the matrix S [D, D] of this program (a row-major batch), by
     Gauss-Jordan elimination in blocks of B pivots, in place. For the pivots K of a
-    block, with D = A[K, K], P = A[:, K], R = A[K, :], one block step is
+    block, with Q = A[K, K], P = A[:, K], R = A[K, :], one block step is
 
-        A[i, j] <- A[i, j] - P[i] D^-1 R[j]    (i, j not in K)
-        A[K, j] <- D^-1 R[j]                   (j not in K)
-        A[i, K] <- -P[i] D^-1                  (i not in K)
-        A[K, K] <- D^-1
+        A[i, j] <- A[i, j] - P[i] Q^-1 R[j]    (i, j not in K)
+        A[K, j] <- Q^-1 R[j]                   (j not in K)
+        A[i, K] <- -P[i] Q^-1                  (i not in K)
+        A[K, K] <- Q^-1
 
-    that is A <- E + Z R', with E = A outside the rows and columns K, Z = -P D^-1 with its
-    rows K replaced by D^-1, and R' = R with its columns K replaced by the identity. Only
-    D^-1 takes B sequential steps; the rest is products, in which the selection matrix
-    `sel` [B, BD] (sel[b, K[b]] = 1) takes P, R and D out of the tile. The padding
-    beyond D is the identity, which the block steps leave as it is."""
+    that is A <- E + Z R', with E = A outside the rows and columns K, Z = -P Q^-1 with its
+    rows K replaced by Q^-1, and R' = R with its columns K replaced by the identity. Per
+    block, Q^-1 takes B sequential steps on a [B, B] tile and the rest is two products;
+    R, P and Q come out of the tile by masked sums. The padding beyond D is the identity,
+    which no block changes, so the blocks stop at D."""
     offset = tl.program_id(0).to(tl.int64) * D * D
     idx = tl.arange(0, BD)
     rows, cols = idx[:, None], idx[None, :]
@@ -71,16 +71,16 @@ def _unit_skew_inverse_kernel(s_ptr, w_ptr, D: tl.constexpr, BD: tl.constexpr, B
     s = tl.load(s_ptr + offset + rows * D + cols, mask=inside, other=0.0).to(tl.float32)
     a = tl.where(rows == cols, 1.0, 0.0) - s  # [BD, BD]
     pivots = tl.arange(0, B)
-    for first in tl.static_range(0, BD, B):
-        sel = tl.where(pivots[:, None] + first == cols, 1.0, 0.0)  # [B, BD]
-        r = tl.dot(sel, a, input_precision="ieee")  # [B, BD]: rows K
-        p = tl.dot(a, tl.trans(sel), input_precision="ieee")  # [BD, B]: columns K
-        d_inv = _gauss_jordan(tl.dot(r, tl.trans(sel), input_precision="ieee"), B)  # [B, B]
+    for first in tl.static_range(0, D, B):
         in_k = (idx >= first) & (idx < first + B)
-        z = tl.where(in_k[:, None], tl.dot(tl.trans(sel), d_inv, input_precision="ieee"),
-                     -tl.dot(p, d_inv, input_precision="ieee"))  # [BD, B]
-        r = tl.where(in_k[None, :], sel, r)
-        a = tl.where(in_k[:, None] | in_k[None, :], 0.0, a) + tl.dot(z, r, input_precision="ieee")
+        eye_k = tl.where(idx[:, None] == pivots[None, :] + first, 1.0, 0.0)  # [BD, B]: rows K hold the identity
+        # rows K of A: [BD, BD] -> [BD / B, B, BD], summed over the blocks (only block K is nonzero)
+        r = tl.sum(tl.reshape(tl.where(in_k[:, None], a, 0.0), [BD // B, B, BD]), axis=0)  # [B, BD]
+        p = tl.sum(tl.reshape(tl.where(in_k[None, :], a, 0.0), [BD, BD // B, B]), axis=1)  # [BD, B]
+        q = tl.sum(tl.reshape(tl.where(in_k[None, :], r, 0.0), [B, BD // B, B]), axis=1)  # [B, B]
+        z = tl.dot(tl.where(in_k[:, None], eye_k, -p), _gauss_jordan(q, B), input_precision="ieee")  # [BD, B]
+        r = tl.where(in_k[None, :], tl.trans(eye_k), r)
+        a = tl.dot(z, r, acc=tl.where(in_k[:, None] | in_k[None, :], 0.0, a), input_precision="ieee")
     tl.store(w_ptr + offset + rows * D + cols, a, mask=inside)
 
 

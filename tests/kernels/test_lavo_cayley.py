@@ -17,7 +17,7 @@ def skew(heads, dim, scale, seed):
     return (lower - lower.transpose(1, 2)).to(DEVICE)
 
 
-@pytest.mark.parametrize("dim,scale", [(5, 1.0), (16, 0.3), (40, 1.0), (64, 0.5), (64, 3.0), (128, 0.5)])  # 5, 40: padded tiles
+@pytest.mark.parametrize("dim,scale", [(5, 1.0), (16, 0.3), (40, 1.0), (64, 0.5), (64, 3.0), (128, 0.5), (128, 3.0)])  # 5, 40: padded tiles
 def test_inverse_and_its_gradient_equal_float64_inv(dim, scale):
     s = skew(3, dim, scale, seed=dim)
     eye = torch.eye(dim, dtype=torch.float64, device=DEVICE)
@@ -28,9 +28,12 @@ def test_inverse_and_its_gradient_equal_float64_inv(dim, scale):
     grad = torch.randn(w.shape, generator=torch.Generator().manual_seed(7)).to(DEVICE)
     w.backward(grad)
     w_ref.backward(grad.double())
+    # fp32 elimination: an error of a few units of rounding times I - S's condition number
+    # (44 at 64 / 3.0, where the errors reach 9e-6)
+    bound = 16 * torch.linalg.cond(eye - s.double()).max().item() * 2**-24
     for name, got, want in [("inverse", w, w_ref), ("grad", ours.grad, ref.grad)]:
         err = (got.double() - want).abs().max() / want.abs().max()
-        assert err < 1e-5, f"{name}: relative max error {err:.2e}"
+        assert err < bound, f"{name}: relative max error {err:.2e}, bound {bound:.2e}"
     cayley = 2 * w.double() - eye  # orthogonal up to the fp32 inverse's rounding
     assert (cayley @ cayley.transpose(1, 2) - eye).abs().max() < 1e-5
 
