@@ -29,6 +29,7 @@ MAX_DIM = 128  # the widest matrix: a [128, 128] fp32 tile per program, on 8 war
 
 
 PIVOT_BLOCK = MIN_DOT  # pivots eliminated together: tl.dot's smallest width
+ROW_BLOCK = 32  # rows of the matrix updated together
 
 
 @triton.jit
@@ -49,9 +50,10 @@ def _gauss_jordan(a, B: tl.constexpr):
 
 
 @triton.jit
-def _unit_skew_inverse_kernel(s_ptr, w_ptr, D: tl.constexpr, BD: tl.constexpr, B: tl.constexpr):
+def _unit_skew_inverse_kernel(s_ptr, w_ptr, D: tl.constexpr, BD: tl.constexpr, B: tl.constexpr,
+                              RB: tl.constexpr):
     """W = (I - S)^-1 for the matrix S [D, D] of this program (a row-major batch), by
-    Gauss-Jordan elimination in blocks of B pivots, in place. For the pivots K of a
+    Gauss-Jordan elimination in blocks of B pivots, in place in W. For the pivots K of a
     block, with Q = A[K, K], P = A[:, K], R = A[K, :], one block step is
 
         A[i, j] <- A[i, j] - P[i] Q^-1 R[j]    (i, j not in K)
@@ -61,27 +63,39 @@ def _unit_skew_inverse_kernel(s_ptr, w_ptr, D: tl.constexpr, BD: tl.constexpr, B
 
     that is A <- E + Z R', with E = A outside the rows and columns K, Z = -P Q^-1 with its
     rows K replaced by Q^-1, and R' = R with its columns K replaced by the identity. Per
-    block, Q^-1 takes B sequential steps on a [B, B] tile and the rest is two products;
-    R, P and Q come out of the tile by masked sums. The padding beyond D is the identity,
-    which no block changes, so the blocks stop at D."""
-    offset = tl.program_id(0).to(tl.int64) * D * D
-    idx = tl.arange(0, BD)
-    rows, cols = idx[:, None], idx[None, :]
-    inside = (rows < D) & (cols < D)
-    s = tl.load(s_ptr + offset + rows * D + cols, mask=inside, other=0.0).to(tl.float32)
-    a = tl.where(rows == cols, 1.0, 0.0) - s  # [BD, BD]
+    block, Q^-1 takes B sequential steps on a [B, B] tile; then the matrix is updated RB
+    rows at a time (two products each), so no [BD, BD] tile is ever held in registers. A
+    barrier separates the reads of a block's rows K from the writes of its update, and
+    its update from the next block's reads. Where D < BD the missing pivots of the last
+    block are the identity, which couples to nothing."""
+    base, w_base = s_ptr + tl.program_id(0).to(tl.int64) * D * D, w_ptr + tl.program_id(0).to(tl.int64) * D * D
+    cols = tl.arange(0, BD)[None, :]  # [1, BD]
+    chunk = tl.arange(0, RB)[:, None]  # [RB, 1]
+    for first in range(0, D, RB):  # W <- I - S
+        rows = first + chunk
+        inside = (rows < D) & (cols < D)
+        s = tl.load(base + rows * D + cols, mask=inside, other=0.0).to(tl.float32)
+        tl.store(w_base + rows * D + cols, tl.where(rows == cols, 1.0, 0.0) - s, mask=inside)
+    tl.debug_barrier()
     pivots = tl.arange(0, B)
-    for first in tl.static_range(0, D, B):
-        in_k = (idx >= first) & (idx < first + B)
-        eye_k = tl.where(idx[:, None] == pivots[None, :] + first, 1.0, 0.0)  # [BD, B]: rows K hold the identity
-        # rows K of A: [BD, BD] -> [BD / B, B, BD], summed over the blocks (only block K is nonzero)
-        r = tl.sum(tl.reshape(tl.where(in_k[:, None], a, 0.0), [BD // B, B, BD]), axis=0)  # [B, BD]
-        p = tl.sum(tl.reshape(tl.where(in_k[None, :], a, 0.0), [BD, BD // B, B]), axis=1)  # [BD, B]
-        q = tl.sum(tl.reshape(tl.where(in_k[None, :], r, 0.0), [B, BD // B, B]), axis=1)  # [B, B]
-        z = tl.dot(tl.where(in_k[:, None], eye_k, -p), _gauss_jordan(q, B), input_precision="ieee")  # [BD, B]
-        r = tl.where(in_k[None, :], tl.trans(eye_k), r)
-        a = tl.dot(z, r, acc=tl.where(in_k[:, None] | in_k[None, :], 0.0, a), input_precision="ieee")
-    tl.store(w_ptr + offset + rows * D + cols, a, mask=inside)
+    for first in range(0, D, B):
+        k_rows, k_cols = first + pivots[:, None], first + pivots[None, :]  # [B, 1], [1, B]
+        q = tl.load(w_base + k_rows * D + k_cols, mask=(k_rows < D) & (k_cols < D), other=0.0)
+        q_inv = _gauss_jordan(tl.where((k_rows >= D) & (k_rows == k_cols), 1.0, q), B)  # [B, B]
+        r = tl.load(w_base + k_rows * D + cols, mask=(k_rows < D) & (cols < D), other=0.0)  # [B, BD]
+        in_k = (cols >= first) & (cols < first + B)
+        r = tl.where(in_k, tl.where(k_rows == cols, 1.0, 0.0), r)  # R'
+        tl.debug_barrier()  # rows K read by every thread before any is written
+        for top in range(0, D, RB):
+            rows = top + chunk
+            inside = (rows < D) & (cols < D)
+            a = tl.load(w_base + rows * D + cols, mask=inside, other=0.0)  # [RB, BD]
+            p = tl.load(w_base + rows * D + k_cols, mask=(rows < D) & (k_cols < D), other=0.0)  # [RB, B]
+            row_in_k = (rows >= first) & (rows < first + B)
+            z = tl.dot(tl.where(row_in_k, tl.where(rows == k_cols, 1.0, 0.0), -p), q_inv, input_precision="ieee")
+            a = tl.dot(z, r, acc=tl.where(row_in_k | in_k, 0.0, a), input_precision="ieee")
+            tl.store(w_base + rows * D + cols, a, mask=inside)
+        tl.debug_barrier()  # the block's update written before the next block reads
 
 
 @torch.library.custom_op("lavo_tasks::unit_skew_inverse", mutates_args=())
@@ -91,7 +105,8 @@ def _inverse_op(s: Tensor) -> Tensor:
     w = torch.empty_like(s)
     dim = s.shape[-1]
     width = tile_width(dim)
-    _unit_skew_inverse_kernel[(s.shape[0],)](s, w, dim, BD=width, B=PIVOT_BLOCK, num_warps=4 if width <= 64 else 8)
+    _unit_skew_inverse_kernel[(s.shape[0],)](s, w, dim, BD=width, B=PIVOT_BLOCK, RB=ROW_BLOCK,
+                                             num_warps=4 if width <= 64 else 8)
     return w
 
 
