@@ -3,7 +3,7 @@
 The Cayley map of a skew-symmetric A is (I - A/2)^-1 (I + A/2) = 2 (I - A/2)^-1 - I, so
 the basis needs one inverse per head. cuSOLVER's batched solve of [H, 64, 64] takes many
 small launches (a factorisation and triangular solves per matrix, forward and backward);
-here one Triton program inverts one matrix in registers, all heads in one launch, by
+here one Triton program inverts one matrix, all heads in one launch, by
 Gauss-Jordan elimination in blocks of PIVOT_BLOCK pivots: the sequential steps run on a
 [16, 16] tile, and eliminating a block from the whole matrix is two products (fp32,
 `input_precision="ieee"`).
@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..common import MIN_DOT, tile_width
 
-MAX_DIM = 128  # the widest matrix: a [128, 128] fp32 tile per program, on 8 warps
+MAX_DIM = 128  # the widest matrix inverted by the kernel
 
 
 PIVOT_BLOCK = MIN_DOT  # pivots eliminated together: tl.dot's smallest width

@@ -17,7 +17,8 @@ def skew(heads, dim, scale, seed):
     return (lower - lower.transpose(1, 2)).to(DEVICE)
 
 
-@pytest.mark.parametrize("dim,scale", [(5, 1.0), (16, 0.3), (40, 1.0), (64, 0.5), (64, 3.0), (128, 0.5), (128, 3.0)])  # 5, 40: padded tiles
+@pytest.mark.parametrize("dim,scale", [(5, 1.0), (16, 0.3), (40, 1.0), (64, 0.5), (64, 3.0), (100, 1.0), (128, 0.5),
+                                       (128, 3.0)])  # 5, 40, 100: padded tiles
 def test_inverse_and_its_gradient_equal_float64_inv(dim, scale):
     s = skew(3, dim, scale, seed=dim)
     eye = torch.eye(dim, dtype=torch.float64, device=DEVICE)
