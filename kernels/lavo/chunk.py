@@ -36,13 +36,21 @@ LOG2E = 1.4426950408889634  # the kernels' logits are in log2 units
 # Launch settings per kernel, the fastest correct variant timed by
 # `benchmarks/lavo_gpu_profile.py --variants` at the protocol shape (docs/design.md §4): 4 warps
 # (8 is 1.5-1.7x slower at d=64), ptxas's own register count, dkv query tiles of C/2 rows
-# with their loads pipelined over 2 stages. The timings: docs/benchmarks.md, "Launch settings".
+# with their loads pipelined over 2 stages. Head dims 65-128 (a [64, 128] key chunk) take dkv
+# query tiles of C/4 rows ("dkv_d128"): with C/2, ptxas reaches its 255 registers and spills.
+# The timings: docs/benchmarks.md, "Launch settings".
 LAUNCH = {
     "fwd": dict(num_warps=4, num_stages=2),
     "mem_bwd": dict(num_warps=4, num_stages=2),
     "dkv": dict(num_warps=4, num_stages=2, SPLIT=2),
+    "dkv_d128": dict(num_warps=4, num_stages=2, SPLIT=4),
     "mem_sums": dict(num_warps=8, num_stages=2),  # [C, d] fp32 sums of up to d=256 on chip; timed only in totals
 }
+
+
+def dkv_launch(head_dim: int) -> dict:
+    """`lavo_dkv_kernel`'s launch settings for a head dim (LAUNCH's "dkv_d128" for 65-128)."""
+    return LAUNCH["dkv_d128"] if 64 < head_dim <= 128 else LAUNCH["dkv"]
 
 
 def chunk_lavo_attn(
@@ -69,7 +77,7 @@ def lavo_chunked(
         raise NotImplementedError(
             f"head dim {q.shape[-1]}: the LAVO Triton kernels take head dims up to {MAX_HEAD_DIM}; use backend='torch'"
         )
-    rows = chunk // LAUNCH["dkv"]["SPLIT"]
+    rows = chunk // dkv_launch(q.shape[-1])["SPLIT"]
     if q.is_cuda and rows < MIN_DOT:  # Triton's compiled products
         raise ValueError(f"chunk {chunk} in dkv query tiles of {rows} rows: at least {MIN_DOT} on a GPU")
     if q.shape[0] * q.shape[1] == 0:
@@ -444,7 +452,7 @@ def lavo_chunk_backward(do, q, k, v, o, lse, saved, basis, rel_bias, mem_bias, k
     lavo_dkv_kernel[(layout.nk, heads)](
         q, k, v, do, lse, delta, p.rho, p.tables, p.kvm, p.segid, *layout.kargs, dvl, suf, dq_mem, drho, dk, dv,
         heads, p.rho.shape[1], scale, TAIL=tail, SEG=segments, BATCHED=layout.batched, **_pick(meta, _DKV_META),
-        **LAUNCH["dkv"],
+        **dkv_launch(d),
     )
     dq = _cast(dq_mem, q.dtype)  # the memory's dq (mem_bwd) plus the window's (dkv)
     dmu = dmu_part.sum((0, 1) if mem_bias.dim() == 2 else (0, 1, 3))  # [H, S], or [H]: one bias for all segments

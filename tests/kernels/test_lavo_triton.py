@@ -263,6 +263,16 @@ def test_wide_head_dims(dim, rank, causal):
     check_against_reference(chunk_lavo_attn, inputs, **options(12, causal=causal))
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_head_dims_of_the_128_wide_tile(causal):
+    # the public entry at head dims 65-128: dkv takes query tiles of C/4 rows
+    # (LAUNCH["dkv_d128"]); CC with a target past the source covers its tail tiles
+    assert chunk.dkv_launch(100) is chunk.LAUNCH["dkv_d128"]
+    n, m = (150, 70) if causal else (90, 90)
+    inputs = make_inputs(1, n, m, 1, 100, 16, 12, causal, seed=n)
+    check_against_reference(chunk_lavo_attn, inputs, **options(12, causal=causal, cross=causal))
+
+
 @pytest.mark.parametrize("window", [6, 1, 70])
 def test_decode_steps_match_the_whole_sequence(window):
     # token by token through the Triton step == the reference on the whole sequence;
