@@ -90,6 +90,22 @@ def test_host_syncs_name_the_line_of_each_sync(monkeypatch):
     assert bench_e2e.host_syncs(step) == [f"{__file__}:{lines[0]}"]
 
 
+def test_host_syncs_leave_out_the_first_switch_of_the_mode(monkeypatch):
+    """The first switch into "warn" in a process reports a sync of its own (seen on an
+    H100 with torch 2.11, around a step that did nothing): a step without syncs counts none."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    switches = []
+
+    def set_mode(mode):
+        if not switches:
+            warnings.warn("called a synchronizing CUDA operation")
+        switches.append(mode)
+
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
+    assert bench_e2e.host_syncs(lambda: None) == []
+    assert switches[-2:] == ["warn", "default"]
+
+
 @pytest.mark.parametrize("mode, resets", [("off", 0), ("default", 2)])
 def test_each_compiled_attention_starts_from_a_clean_slate(tmp_path, monkeypatch, mode, resets):
     """Compiled, Dynamo's caches and the CUDA graph pools are reset after every attention,
