@@ -65,7 +65,7 @@ def _unit_skew_inverse_kernel(s_ptr, w_ptr, D: tl.constexpr, BD: tl.constexpr, B
     rows K replaced by Q^-1, and R' = R with its columns K replaced by the identity. Per
     block, Q^-1 takes B sequential steps on a [B, B] tile; then the matrix is updated RB
     rows at a time (two products each), so no [BD, BD] tile is ever held in registers,
-    and the loops over blocks and rows stay loops (unrolled, they spilled registers). A
+    and the loops over blocks and rows stay loops (unrolled, they spill registers). A
     barrier separates the reads of a block's rows K from the writes of its update, and
     its update from the next block's reads. Where D < BD the missing pivots of the last
     block are the identity, which couples to nothing."""

@@ -37,7 +37,8 @@ LOG2E = 1.4426950408889634  # the kernels' logits are in log2 units
 # `benchmarks/lavo_gpu_profile.py --variants` at the protocol shape (docs/design.md §4): 4 warps
 # (8 is 1.5-1.7x slower at d=64), ptxas's own register count, dkv query tiles of C/2 rows
 # with their loads pipelined over 2 stages. Head dims 65-128 (a [64, 128] key chunk) take dkv
-# query tiles of C/4 rows ("dkv_d128"): with C/2, ptxas reaches its 255 registers and spills.
+# query tiles of C/4 rows ("dkv_d128"): fewer live registers than C/2 (at this width the
+# 4-warp dkv kernels use all 255 and spill), and the faster of the two in every pattern timed.
 # The timings: docs/benchmarks.md, "Launch settings".
 LAUNCH = {
     "fwd": dict(num_warps=4, num_stages=2),

@@ -22,7 +22,7 @@ class CayleyBasis(nn.Module):
     torch.nn.utils.parametrizations.orthogonal with its trivialization (a fixed orthogonal
     `base` times a map of a free parameter); torch's takes A from the first r columns'
     lower triangle, this one from the whole [d, d] (the same when r = d). The inverse
-    (I - A/2)^-1 is one launch of `kernels.lavo.cayley` on CUDA (all heads in registers,
+    (I - A/2)^-1 is one launch of `kernels.lavo.cayley` on CUDA (all heads in one launch,
     no pivoting needed: I - A/2 has the identity as its symmetric part), and
     torch.linalg.inv_ex otherwise (float64, the CPU). Neither synchronises the GPU with
     the host: torch.linalg.solve and inv check for errors on the host at every call, and

@@ -267,7 +267,8 @@ def test_wide_head_dims(dim, rank, causal):
 def test_head_dims_of_the_128_wide_tile(causal):
     # the public entry at head dims 65-128: dkv takes query tiles of C/4 rows
     # (LAUNCH["dkv_d128"]); CC with a target past the source covers its tail tiles
-    assert chunk.dkv_launch(100) is chunk.LAUNCH["dkv_d128"]
+    assert [chunk.dkv_launch(d) is chunk.LAUNCH["dkv_d128"] for d in (64, 65, 100, 128, 129)] == [
+        False, True, True, True, False]
     n, m = (150, 70) if causal else (90, 90)
     inputs = make_inputs(1, n, m, 1, 100, 16, 12, causal, seed=n)
     check_against_reference(chunk_lavo_attn, inputs, **options(12, causal=causal, cross=causal))
