@@ -99,15 +99,21 @@ def _unit_skew_inverse_kernel(s_ptr, w_ptr, D: tl.constexpr, BD: tl.constexpr, B
         tl.debug_barrier()  # the block's update written before the next block reads
 
 
+def launch_inverse(s: Tensor, w: Tensor, *, num_warps: int | None = None, rows: int = ROW_BLOCK) -> None:
+    """W = (I - s)^-1 written into w, both contiguous [N, d, d] fp32: the kernel's launch
+    (4 warps up to 64-wide tiles, else 8), or other warps and row blocks."""
+    dim = s.shape[-1]
+    width = tile_width(dim)
+    num_warps = (4 if width <= 64 else 8) if num_warps is None else num_warps
+    _unit_skew_inverse_kernel[(s.shape[0],)](s, w, dim, BD=width, B=PIVOT_BLOCK, RB=rows, num_warps=num_warps)
+
+
 @torch.library.custom_op("lavo_tasks::unit_skew_inverse", mutates_args=())
 def _inverse_op(s: Tensor) -> Tensor:
     """s [N, d, d] fp32, skew-symmetric -> (I - s)^-1 [N, d, d] fp32."""
     s = s.contiguous()
     w = torch.empty_like(s)
-    dim = s.shape[-1]
-    width = tile_width(dim)
-    _unit_skew_inverse_kernel[(s.shape[0],)](s, w, dim, BD=width, B=PIVOT_BLOCK, RB=ROW_BLOCK,
-                                             num_warps=4 if width <= 64 else 8)
+    launch_inverse(s, w)
     return w
 
 
