@@ -28,6 +28,8 @@ from lavo_tasks.kernels.gsa import chunk as gsa_chunk
 from lavo_tasks.kernels.lavo import chunk as lavo_chunk
 from lavo_tasks.kernels.lavo import chunk_bwd, chunk_fwd
 
+from lavo_gpu_profile import outputs_and_grads  # benchmarks/, the script's own folder
+
 CHECK_TOL = 5e-3
 WINDOW, RANK, SLOTS = 32, 16, 64
 DKV = dict(num_warps=4, num_stages=2)
@@ -100,13 +102,6 @@ def attention(family, causal, cross, backend):
     if family == "gsa":
         return lambda *xs: gsa_attn(*xs, causal=causal, cross=cross, backend=backend)[0]
     return lambda *xs: lavo_attn(*xs, window=WINDOW, causal=causal, cross=cross, backend=backend)
-
-
-def outputs_and_grads(run, leaves, grad_out):
-    leaves = [x.detach().clone().requires_grad_() for x in leaves]
-    out = run(*leaves)
-    out.backward(grad_out.to(out.dtype))
-    return [out.detach().double()] + [x.grad.double() for x in leaves]
 
 
 def lavo_registers():

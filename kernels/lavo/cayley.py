@@ -69,7 +69,8 @@ def _unit_skew_inverse_kernel(s_ptr, w_ptr, D: tl.constexpr, BD: tl.constexpr, B
     barrier separates the reads of a block's rows K from the writes of its update, and
     its update from the next block's reads. Where D < BD the missing pivots of the last
     block are the identity, which couples to nothing."""
-    base, w_base = s_ptr + tl.program_id(0).to(tl.int64) * D * D, w_ptr + tl.program_id(0).to(tl.int64) * D * D
+    offset = tl.program_id(0).to(tl.int64) * D * D
+    base, w_base = s_ptr + offset, w_ptr + offset
     cols = tl.arange(0, BD)[None, :]  # [1, BD]
     chunk = tl.arange(0, RB)[:, None]  # [RB, 1]
     for first in range(0, D, RB):  # W <- I - S
