@@ -1,6 +1,6 @@
 """The LAVO or GSA kernels' launch settings at task shapes on a GPU.
 
-    python benchmarks/launch_sweep.py --family lavo|gsa
+    python benchmarks/launch_sweep.py --family lavo|gsa [--variants NAME,...] [--shapes NAME,...]
 
 `lavo_gpu_profile.py --variants` times the protocol shape (16 heads of 64); this times the
 shapes of tts's cab preset (4 heads of 128, batch 16: CS over 512, CC 512 over 128, NS
@@ -118,14 +118,29 @@ def lavo_registers():
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--family", choices=list(VARIANTS), required=True)
-    family = parser.parse_args().family
-    for shape, (batch, heads, dim, n, m, causal, cross) in SHAPES.items():
+    parser.add_argument("--variants", help="comma-separated names of the family's variants (default: all)")
+    parser.add_argument("--shapes", help="comma-separated prefixes of SHAPES' names, e.g. 'd128 NS' (default: all)")
+    args = parser.parse_args()
+    family = args.family
+    variants = VARIANTS[family]
+    if args.variants:
+        unknown = set(args.variants.split(",")) - set(variants)
+        if unknown:
+            parser.error(f"--variants: unknown {sorted(unknown)}; {family} has {sorted(variants)}")
+        variants = {name: variants[name] for name in args.variants.split(",")}
+    shapes = SHAPES
+    if args.shapes:
+        prefixes = args.shapes.split(",")
+        shapes = {name: shape for name, shape in SHAPES.items() if name.startswith(tuple(prefixes))}
+        if not shapes:
+            parser.error(f"--shapes: no shape starts with any of {prefixes}; the shapes are {list(SHAPES)}")
+    for shape, (batch, heads, dim, n, m, causal, cross) in shapes.items():
         leaves = inputs(family, batch, heads, dim, n, m, causal)
         grad_out = torch.randn(batch, n, heads, dim, device="cuda").bfloat16().float()
         reference = attention(family, causal, cross, "torch")
         want = outputs_and_grads(reference, [x.float() for x in leaves], grad_out)
         run = attention(family, causal, cross, "triton")
-        for name, variant in VARIANTS[family].items():
+        for name, variant in variants.items():
             with patched(variant):
                 got = outputs_and_grads(run, leaves, grad_out)
                 error = max(((a - b).norm() / b.norm()).item() for a, b in zip(got, want))
