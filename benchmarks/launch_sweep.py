@@ -8,7 +8,8 @@ over 128) and a tsf-like head dim 64 (4 heads, batch 32, CS over 96); LAVO with 
 and rank 16, GSA with 64 slots (the attention configs' defaults). Each variant sets
 module-level launch settings: for LAVO an entry of kernels/lavo/chunk.py's LAUNCH (a dkv
 variant sets both dkv entries, so it means the same launch at every head dim), for GSA
-kernels/gsa/chunk.py's WHOLE_WARPS or WHOLE_BC. Per shape and variant: the
+kernels/gsa/chunk.py's WHOLE_WARPS and WHOLE_WARPS_WIDE (a variant sets both, so it
+means the same warps at every head dim) or WHOLE_BC. Per shape and variant: the
 forward+backward median (eager, so mostly host time at these sizes), each Triton kernel's
 CUDA µs per call (profiler, 5 calls), and the largest relative RMS error of the output and
 gradients against the fp32 PyTorch path (WRONG above 5e-3). For LAVO last, the registers and
@@ -34,6 +35,13 @@ CHECK_TOL = 5e-3
 WINDOW, RANK, SLOTS = 32, 16, 64
 DKV = dict(num_warps=4, num_stages=2)
 WHOLE = lambda **warps: {"output": 4, "query": 4, "key": 4, **warps}  # noqa: E731
+
+
+def whole_warps(**warps):
+    """A GSA variant with these whole-chunk warps at every head dim (both WHOLE_WARPS tables)."""
+    return {(gsa_chunk, name, None): WHOLE(**warps) for name in ("WHOLE_WARPS", "WHOLE_WARPS_WIDE")}
+
+
 VARIANTS = {  # family: {name: {(module, global, key or None): value}}
     "lavo": {
         "dkv_split2": {(lavo_chunk, "LAUNCH", k): {**DKV, "SPLIT": 2} for k in ("dkv", "dkv_d128")},
@@ -46,14 +54,13 @@ VARIANTS = {  # family: {name: {(module, global, key or None): value}}
         "mem_bwd_w8": {(lavo_chunk, "LAUNCH", "mem_bwd"): {"num_warps": 8, "num_stages": 2}},
     },
     "gsa": {
-        "whole_w4": {(gsa_chunk, "WHOLE_WARPS", None): WHOLE()},
-        "whole_w8": {(gsa_chunk, "WHOLE_WARPS", None): WHOLE(output=8, query=8, key=8)},
-        "whole_key_w8": {(gsa_chunk, "WHOLE_WARPS", None): WHOLE(key=8)},
-        "whole_query_w8": {(gsa_chunk, "WHOLE_WARPS", None): WHOLE(query=8)},
-        "whole_output_w8": {(gsa_chunk, "WHOLE_WARPS", None): WHOLE(output=8)},
-        "whole_bc32": {(gsa_chunk, "WHOLE_BC", None): 32},
-        "whole_bc32_w8": {(gsa_chunk, "WHOLE_BC", None): 32,
-                          (gsa_chunk, "WHOLE_WARPS", None): WHOLE(output=8, query=8, key=8)},
+        "whole_w4": whole_warps(),
+        "whole_w8": whole_warps(output=8, query=8, key=8),
+        "whole_key_w8": whole_warps(key=8),
+        "whole_query_w8": whole_warps(query=8),
+        "whole_output_w8": whole_warps(output=8),
+        "whole_bc32": {(gsa_chunk, "WHOLE_BC", None): 32, **whole_warps()},
+        "whole_bc32_w8": {(gsa_chunk, "WHOLE_BC", None): 32, **whole_warps(output=8, query=8, key=8)},
     },
 }
 SHAPES = {  # name: batch, heads, head dim, queries, keys, causal, cross

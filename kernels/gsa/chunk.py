@@ -117,7 +117,11 @@ WHOLE_BC = 64
 # of 32 passed, and every combination padded to 64 matched the float64 reference (masked
 # columns cost work, not accuracy); tests/kernels/test_gpu_kernel_matrix.py covers each pairing.
 WHOLE_MIN_TILE = 64
+# Warps of the whole-chunk kernels: 4 where the head-dim tiles are 64 wide, 8 where they
+# are 128 (at d = 128, 8 warps cut the kernels' time a tts step by a fifth; at d = 64 the
+# output kernel is 1.4x slower at 8). Timings: docs/benchmarks.md.
 WHOLE_WARPS = {"output": 4, "query": 4, "key": 4}
+WHOLE_WARPS_WIDE = {"output": 8, "query": 8, "key": 8}
 
 
 class _Config:
@@ -136,7 +140,10 @@ class _Config:
         self.DBK, self.DBV = min(self.BK, cols), min(self.BV, cols)
         self.blocks = dict(BK=self.BK, BV=self.BV, DBK=self.DBK, DBV=self.DBV)
         wide = self.BM * max(self.BK, self.BV) > 64 * 64
-        self.warps = dict(WHOLE_WARPS) if self.whole else {name: 8 if wide else w for name, w in WARPS.items()}
+        if self.whole:
+            self.warps = dict(WHOLE_WARPS_WIDE if max(self.BK, self.BV) > 64 else WHOLE_WARPS)
+        else:
+            self.warps = {name: 8 if wide else w for name, w in WARPS.items()}
         exact = dtype == torch.float32
         self.prec = dict(PREC_S="ieee" if exact else PREC_SLOTS, PREC_V="ieee" if exact else PREC_VALUES)
 
