@@ -9,7 +9,8 @@ and rank 16, GSA with 64 slots (the attention configs' defaults). Each variant s
 module-level launch settings: for LAVO an entry of kernels/lavo/chunk.py's LAUNCH (a dkv
 variant sets both dkv entries, so it means the same launch at every head dim), for GSA
 kernels/gsa/chunk.py's WHOLE_WARPS and WHOLE_WARPS_WIDE (a variant sets both, so it
-means the same warps at every head dim) or WHOLE_BC. Per shape and variant: the
+means the same warps at every head dim), WHOLE_BC or NS_ONE_SCAN_PROGRAMS ("shipped" sets
+nothing). Per shape and variant: the
 forward+backward median (eager, so mostly host time at these sizes), each Triton kernel's
 CUDA µs per call (profiler, 5 calls), and the largest relative RMS error of the output and
 gradients against the fp32 PyTorch path (WRONG above 5e-3). For LAVO last, the registers and
@@ -54,6 +55,8 @@ VARIANTS = {  # family: {name: {(module, global, key or None): value}}
         "mem_bwd_w8": {(lavo_chunk, "LAUNCH", "mem_bwd"): {"num_warps": 8, "num_stages": 2}},
     },
     "gsa": {
+        "shipped": {},
+        "ns_two_scans": {(gsa_chunk, "NS_ONE_SCAN_PROGRAMS", None): 0},
         "whole_w4": whole_warps(),
         "whole_w8": whole_warps(output=8, query=8, key=8),
         "whole_key_w8": whole_warps(key=8),

@@ -19,7 +19,8 @@ ones: `_output_fwd_kernel`, `_query_bwd_kernel` with `_chunk_read_grad_kernel`,
 `_key_bwd_kernel` (dk, then dv, each with its share of ds) and the sequential
 `_gate_grad_kernel` (the reverse cumulative sum of the gate grad).
 
-The other patterns reuse it: NS runs it on the sequences reversed too, CC runs it with
+The other patterns reuse it: NS runs it on the sequences reversed too (as a second scan,
+or for small sizes in the same scan, beside the forward sequences), CC runs it with
 the target queries over the source and reads the final source state for queries past the
 source's end, NC reads the final source state for every query (the read of one fixed
 state, a softmax over M slots, is two small batched matrix products done in PyTorch).
@@ -122,6 +123,13 @@ WHOLE_MIN_TILE = 64
 # output kernel is 1.4x slower at 8). Timings: docs/benchmarks.md.
 WHOLE_WARPS = {"output": 4, "query": 4, "key": 4}
 WHOLE_WARPS_WIDE = {"output": 8, "query": 8, "key": 8}
+# NS runs its two causal scans as one (each input beside its time-reversed copy) when one
+# direction's scan has fewer programs (chunks x heads) than this: there the two scans leave
+# the GPU's SMs idle and their launches are host time. At tts's shape (128 programs) one
+# scan took the kernels from 325 to 243 µs and the eager call from 4.6 to 3.8 ms (H100); at
+# the protocol's 64 x 1K (16,384 programs) it was 7% slower, with 1.6x the peak memory.
+# Sizes between those two are untimed; the bound keeps one scan to about two per SM.
+NS_ONE_SCAN_PROGRAMS = 256
 
 
 class _Config:
@@ -323,6 +331,29 @@ def _reverse(x, lengths):
     return x.index_select(1, idx.to(x.device))
 
 
+def _both_directions(q, k, v, g, initial_state, output_final_state, lengths, scale):
+    """NS's two causal scans, the right-to-left one from zeros: the left-to-right output, the
+    right-to-left one (back in time order) and the left-to-right scan's final state (or
+    None). Below NS_ONE_SCAN_PROGRAMS they run as one scan: each input beside its
+    sequences reversed in time, one after the other (along the batch, or along the tokens
+    when B = 1 packs several), so every kernel launch covers both directions."""
+    programs = sum(-(-length // BT) for length in lengths) * q.shape[2]  # one direction's chunks x heads
+    if programs >= NS_ONE_SCAN_PROGRAMS:
+        forward, final = _causal(q, k, v, g, initial_state, output_final_state, lengths, scale)
+        backward, _ = _causal(*(_reverse(x, lengths) for x in (q, k, v, g)), None, False, lengths, scale)
+        return forward, _reverse(backward, lengths), final
+    packed = len(lengths) != q.shape[0]
+    dim = 1 if packed else 0
+    both = [torch.cat([x, _reverse(x, lengths)], dim) for x in (q, k, v, g)]  # [2B, T, ...] or [1, 2N, ...]
+    h0 = None if initial_state is None else tuple(torch.cat([s, torch.zeros_like(s)]) for s in initial_state)
+    o, final = _causal(*both, h0, output_final_state, lengths + lengths, scale)
+    half = o.shape[dim] // 2
+    forward, backward = o.narrow(dim, 0, half), _reverse(o.narrow(dim, half, half), lengths)
+    if final is not None:  # the states of the left-to-right sequences come first
+        final = GsaState(*(s[:len(lengths)] for s in final))
+    return forward, backward, final
+
+
 def _read_final(q, state, scale):
     """Every query reads one fixed state: q [B,n,H,dk] -> o [B,n,H,dv] in q's dtype."""
     o = read_state(q.float().transpose(1, 2), state[0], state[1], scale)
@@ -350,10 +381,10 @@ def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, 
     lengths = cu_seqlens.diff().tolist() if cu_seqlens is not None else [m] * batch
 
     if not cross:
-        o, final = _causal(q, k, v, g, initial_state, output_final_state, lengths, scale)
-        if not causal:  # NS: the right-to-left scan starts from zeros
-            o_back, _ = _causal(*(_reverse(x, lengths) for x in (q, k, v, g)), None, False, lengths, scale)
-            o_back = _reverse(o_back, lengths)
+        if causal:
+            o, final = _causal(q, k, v, g, initial_state, output_final_state, lengths, scale)
+        else:  # NS: the mean of the two directions' outputs
+            o, o_back, final = _both_directions(q, k, v, g, initial_state, output_final_state, lengths, scale)
             if o.dtype == torch.float16:  # a sum over 65,504 would overflow: the mean in fp32
                 o = ((o.float() + o_back.float()) / 2).to(o.dtype)
             else:  # rounding the sum once and halving it exactly: the fp32 mean's bits, in

@@ -134,18 +134,44 @@ def test_compiled_loop_path(monkeypatch):
     _assert_matches_reference(_inputs(1, 100, 100, seed=13), _states(3, 1, 12, 20, 5), cu_seqlens=cu)
 
 
-def test_noncausal_self_with_padding():
+# NS's two directions as one scan (every test shape is below the bound) or as two (bound 0)
+NS_FORMS = pytest.mark.parametrize("one_scan_programs", [chunk.NS_ONE_SCAN_PROGRAMS, 0], ids=["one scan", "two scans"])
+
+
+@NS_FORMS
+def test_noncausal_self_with_padding(monkeypatch, one_scan_programs):
+    monkeypatch.setattr(chunk, "NS_ONE_SCAN_PROGRAMS", one_scan_programs)
     xs = _inputs(2, 37, 37, seed=6)
     mask = torch.ones(2, 37, dtype=torch.bool)
     mask[1, 30:] = mask[0, 0] = False
     _assert_matches_reference(xs, _states(2, 1, 12, 20, 5), causal=False, kv_mask=mask)
 
 
+@pytest.mark.parametrize("batch,length,heads,scans", [(2, 37, 1, [4]), (2, 37, 2, [2, 2]), (1, 130, 1, [1, 1])],
+                         ids=["2 programs a direction", "4 programs", "3 programs"])
+def test_noncausal_self_runs_one_scan_below_the_bound(monkeypatch, batch, length, heads, scans):
+    """With the bound at 3 programs (chunks x heads of one direction), NS below it runs one
+    scan over 2B sequences, and at or above it two scans over B each."""
+    monkeypatch.setattr(chunk, "NS_ONE_SCAN_PROGRAMS", 3)
+    seen, causal = [], chunk._causal
+
+    def counting(*args):
+        seen.append(len(args[6]))  # the scan's sequence lengths
+        return causal(*args)
+
+    monkeypatch.setattr(chunk, "_causal", counting)
+    chunk_gsa_attn(*_inputs(batch, length, length, heads=heads), causal=False)
+    assert seen == scans
+
+
+@NS_FORMS
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_noncausal_self_in_half_precision_is_the_rounded_fp32_mean_of_the_two_scans(dtype):
+def test_noncausal_self_in_half_precision_is_the_rounded_fp32_mean_of_the_two_scans(monkeypatch, dtype,
+                                                                                     one_scan_programs):
     """NS averages the two scans: bf16 rounds the sum once and halves it exactly, fp16
     (whose sums overflow at 65,504) averages in fp32; both give, bit for bit, the fp32
     mean rounded to the inputs' dtype."""
+    monkeypatch.setattr(chunk, "NS_ONE_SCAN_PROGRAMS", one_scan_programs)
     q, k, v, log_alpha = (x.to(dtype) for x in _inputs(2, 21, 21, seed=9))
     forward, _ = chunk_gsa_attn(q, k, v, log_alpha)
     backward, _ = chunk_gsa_attn(*(x.flip(1) for x in (q, k, v, log_alpha)))
@@ -186,10 +212,12 @@ def test_noncausal_cross_scans_without_reading_the_states(monkeypatch, slots):
     _assert_matches_reference(xs, _states(2, 1, 12, 20, slots), causal=False, cross=True)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_packed_sequences(causal):
+@pytest.mark.parametrize("causal,one_scan_programs", [(True, 0), (False, chunk.NS_ONE_SCAN_PROGRAMS), (False, 0)],
+                         ids=["CS", "NS one scan", "NS two scans"])
+def test_packed_sequences(monkeypatch, causal, one_scan_programs):
     """cu_seqlens: sequences of 5, 0, 17 and 50 packed in batch 1, one initial state each
     (the empty one returns its initial state)."""
+    monkeypatch.setattr(chunk, "NS_ONE_SCAN_PROGRAMS", one_scan_programs)
     cu = torch.tensor([0, 5, 5, 22, 72])
     xs = _inputs(1, 72, 72, seed=9)
     _assert_matches_reference(xs, _states(4, 1, 12, 20, 5), causal=causal, cu_seqlens=cu)
