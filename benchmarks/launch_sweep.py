@@ -10,8 +10,7 @@ module-level launch settings: for LAVO an entry of kernels/lavo/chunk.py's LAUNC
 variant sets both dkv entries, so it means the same launch at every head dim), for GSA
 kernels/gsa/chunk.py's WHOLE_WARPS and WHOLE_WARPS_WIDE (a variant sets both, so it
 means the same warps at every head dim), WHOLE_BC or NS_ONE_SCAN_PROGRAMS ("shipped" sets
-nothing). Per shape and variant: the
-forward+backward median (eager, so mostly host time at these sizes), each Triton kernel's
+nothing). Per shape and variant: the forward+backward median (eager, so mostly host time at these sizes), each Triton kernel's
 CUDA µs per call (profiler, 5 calls), and the largest relative RMS error of the output and
 gradients against the fp32 PyTorch path (WRONG above 5e-3). For LAVO last, the registers and
 spills of every kernel compiled, pooled.
@@ -134,13 +133,14 @@ def main():
     family = args.family
     variants = VARIANTS[family]
     if args.variants:
-        unknown = set(args.variants.split(",")) - set(variants)
+        names = [name.strip() for name in args.variants.split(",")]
+        unknown = set(names) - set(variants)
         if unknown:
             parser.error(f"--variants: unknown {sorted(unknown)}; {family} has {sorted(variants)}")
-        variants = {name: variants[name] for name in args.variants.split(",")}
+        variants = {name: variants[name] for name in names}
     shapes = SHAPES
     if args.shapes:
-        prefixes = args.shapes.split(",")
+        prefixes = [prefix.strip() for prefix in args.shapes.split(",")]
         shapes = {name: shape for name, shape in SHAPES.items() if name.startswith(tuple(prefixes))}
         if not shapes:
             parser.error(f"--shapes: no shape starts with any of {prefixes}; the shapes are {list(SHAPES)}")

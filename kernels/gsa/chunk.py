@@ -126,9 +126,10 @@ WHOLE_WARPS_WIDE = {"output": 8, "query": 8, "key": 8}
 # NS runs its two causal scans as one (each input beside its time-reversed copy) when one
 # direction's scan has fewer programs (chunks x heads) than this: there the two scans leave
 # the GPU's SMs idle and their launches are host time. At tts's shape (128 programs) one
-# scan took the kernels from 325 to 243 µs and the eager call from 4.6 to 3.8 ms (H100); at
-# the protocol's 64 x 1K (16,384 programs) it was 7% slower, with 1.6x the peak memory.
-# Sizes between those two are untimed; the bound keeps one scan to about two per SM.
+# scan took the kernels from 325 to 243 µs and the eager call from 4.6 to 3.8 ms (H100, 4
+# warps); at the protocol's 64 x 1K (16,384 programs) it was 7% slower, with 1.6x the peak
+# memory. Sizes between those two are untimed; below the bound one direction has fewer
+# than two programs per SM of an H100 or H200 (132 SMs).
 NS_ONE_SCAN_PROGRAMS = 256
 
 

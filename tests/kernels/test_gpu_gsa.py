@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lavo_tasks.kernels import gsa_attn, gsa_decode_step
+from lavo_tasks.kernels.gsa import chunk
 from compare import rms_rel_error
 
 pytestmark = pytest.mark.gpu
@@ -67,6 +68,18 @@ def test_patterns_bf16(causal, cross, n, m):
     mask = torch.ones(2, m, dtype=torch.bool, device="cuda")
     mask[1, m - 200:] = False
     _compare(xs, causal=causal, cross=cross, kv_mask=mask)
+
+
+@pytest.mark.parametrize("one_scan_programs", [10**9, 0], ids=["one scan", "two scans"])
+def test_noncausal_self_in_both_forms_bf16(monkeypatch, one_scan_programs):
+    """NS's two directions as one scan and as two (the form above NS_ONE_SCAN_PROGRAMS),
+    at tts's head dim of 128 (8-warp whole-chunk kernels), padded and with states."""
+    monkeypatch.setattr(chunk, "NS_ONE_SCAN_PROGRAMS", one_scan_programs)
+    xs = _inputs(3, 300, 300, 4, 128, 128, 64, seed=5)
+    mask = torch.ones(3, 300, dtype=torch.bool, device="cuda")
+    mask[2, 250:] = False
+    states = [torch.randn(3, 4, 64, 128, device="cuda") * 0.5 for _ in range(2)]
+    _compare(xs, states, causal=False, kv_mask=mask)
 
 
 def test_varlen_bf16():

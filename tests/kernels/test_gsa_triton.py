@@ -134,8 +134,9 @@ def test_compiled_loop_path(monkeypatch):
     _assert_matches_reference(_inputs(1, 100, 100, seed=13), _states(3, 1, 12, 20, 5), cu_seqlens=cu)
 
 
-# NS's two directions as one scan (every test shape is below the bound) or as two (bound 0)
-NS_FORMS = pytest.mark.parametrize("one_scan_programs", [chunk.NS_ONE_SCAN_PROGRAMS, 0], ids=["one scan", "two scans"])
+# NS's two directions as one scan (a bound above every test shape) or as two (bound 0)
+ONE_SCAN = 10**9
+NS_FORMS = pytest.mark.parametrize("one_scan_programs", [ONE_SCAN, 0], ids=["one scan", "two scans"])
 
 
 @NS_FORMS
@@ -212,7 +213,7 @@ def test_noncausal_cross_scans_without_reading_the_states(monkeypatch, slots):
     _assert_matches_reference(xs, _states(2, 1, 12, 20, slots), causal=False, cross=True)
 
 
-@pytest.mark.parametrize("causal,one_scan_programs", [(True, 0), (False, chunk.NS_ONE_SCAN_PROGRAMS), (False, 0)],
+@pytest.mark.parametrize("causal,one_scan_programs", [(True, 0), (False, ONE_SCAN), (False, 0)],
                          ids=["CS", "NS one scan", "NS two scans"])
 def test_packed_sequences(monkeypatch, causal, one_scan_programs):
     """cu_seqlens: sequences of 5, 0, 17 and 50 packed in batch 1, one initial state each
