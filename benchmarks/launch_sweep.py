@@ -19,6 +19,7 @@ spills of every kernel compiled, pooled.
 import argparse
 import collections
 import contextlib
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -73,26 +74,16 @@ SHAPES = {  # name: batch, heads, head dim, queries, keys, causal, cross
 }
 
 
-@contextlib.contextmanager
-def patched(variant):
-    """The module globals of `variant` set (a dict entry where the key names one), restored after."""
-    saved = []
-    try:
-        for (module, name, key), value in variant.items():
-            current = getattr(module, name)
-            if key is None:
-                saved.append((module, name, None, current))
-                setattr(module, name, value)
-            else:
-                saved.append((module, name, key, current[key]))
-                current[key] = value
-        yield
-    finally:
-        for module, name, key, value in reversed(saved):
-            if key is None:
-                setattr(module, name, value)
-            else:
-                getattr(module, name)[key] = value
+def patched(variant) -> contextlib.ExitStack:
+    """The module globals of `variant` set (a dict entry where the key names one), restored
+    on exit."""
+    stack = contextlib.ExitStack()
+    for (module, name, key), value in variant.items():
+        if key is None:
+            stack.enter_context(mock.patch.object(module, name, value))
+        else:
+            stack.enter_context(mock.patch.dict(getattr(module, name), {key: value}))
+    return stack
 
 
 def inputs(family, batch, heads, dim, n, m, causal):

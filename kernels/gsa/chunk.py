@@ -118,18 +118,15 @@ WHOLE_BC = 64
 # of 32 passed, and every combination padded to 64 matched the float64 reference (masked
 # columns cost work, not accuracy); tests/kernels/test_gpu_kernel_matrix.py covers each pairing.
 WHOLE_MIN_TILE = 64
-# Warps of the whole-chunk kernels: 4 where the head-dim tiles are 64 wide, 8 where they
-# are 128 (at d = 128, 8 warps cut the kernels' time a tts step by a fifth; at d = 64 the
-# output kernel is 1.4x slower at 8). Timings: docs/benchmarks.md.
+# Warps of the whole-chunk kernels: 4 where the head-dim tiles are 64 wide (8 slow the
+# output kernel there), 8 where they are 128 (faster in all three kernels). Timings:
+# docs/benchmarks.md, "Launch settings".
 WHOLE_WARPS = {"output": 4, "query": 4, "key": 4}
 WHOLE_WARPS_WIDE = {"output": 8, "query": 8, "key": 8}
 # NS runs its two causal scans as one (each input beside its time-reversed copy) when one
-# direction's scan has fewer programs (chunks x heads) than this: there the two scans leave
-# the GPU's SMs idle and their launches are host time. At tts's shape (128 programs) one
-# scan took the kernels from 325 to 243 µs and the eager call from 4.6 to 3.8 ms (H100, 4
-# warps); at the protocol's 64 x 1K (16,384 programs) it was 7% slower, with 1.6x the peak
-# memory. Sizes between those two are untimed; below the bound one direction has fewer
-# than two programs per SM of an H100 or H200 (132 SMs).
+# direction's scan has fewer programs (chunks x heads) than this: there two scans leave
+# the GPU's SMs idle and their launches are host time, while at large sizes one scan is
+# slower and holds twice the inputs. Timings: docs/benchmarks.md, "Launch settings".
 NS_ONE_SCAN_PROGRAMS = 256
 
 
@@ -332,14 +329,18 @@ def _reverse(x, lengths):
     return x.index_select(1, idx.to(x.device))
 
 
+def chunk_count(lengths) -> int:
+    """The chunks of BT positions over packed sequences of these lengths."""
+    return sum(-(-length // BT) for length in lengths)
+
+
 def _both_directions(q, k, v, g, initial_state, output_final_state, lengths, scale):
     """NS's two causal scans, the right-to-left one from zeros: the left-to-right output, the
     right-to-left one (back in time order) and the left-to-right scan's final state (or
     None). Below NS_ONE_SCAN_PROGRAMS they run as one scan: each input beside its
     sequences reversed in time, one after the other (along the batch, or along the tokens
     when B = 1 packs several), so every kernel launch covers both directions."""
-    programs = sum(-(-length // BT) for length in lengths) * q.shape[2]  # one direction's chunks x heads
-    if programs >= NS_ONE_SCAN_PROGRAMS:
+    if chunk_count(lengths) * q.shape[2] >= NS_ONE_SCAN_PROGRAMS:  # one direction's programs: chunks x heads
         forward, final = _causal(q, k, v, g, initial_state, output_final_state, lengths, scale)
         backward, _ = _causal(*(_reverse(x, lengths) for x in (q, k, v, g)), None, False, lengths, scale)
         return forward, _reverse(backward, lengths), final

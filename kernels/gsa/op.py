@@ -12,7 +12,7 @@ the output shapes from the input shapes and the sequence lengths (Python ints) a
 import torch
 from torch import Tensor
 
-from .chunk import BT, causal_backward, causal_forward
+from .chunk import causal_backward, causal_forward, chunk_count
 from .output_norm import silu_rms_norm_backward, silu_rms_norm_forward
 
 _F32 = torch.float32
@@ -30,7 +30,7 @@ def gsa_causal_fwd(q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, h0k: Tenso
 @gsa_causal_fwd.register_fake
 def _(q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
     (n_tok, heads, dk), dv, slots = k.shape, v.shape[-1], g.shape[-1]
-    n_chunks = sum(-(-n // BT) for n in lengths)
+    n_chunks = chunk_count(lengths)
     if output_final_state:
         hk, hv = (k.new_empty(len(lengths), heads, slots, d, dtype=_F32) for d in (dk, dv))
     else:

@@ -20,8 +20,8 @@ from lavo_tasks.kernels.lavo.op import lavo_chunk_bwd, lavo_chunk_fwd
 
 # The Triton path runs under the interpreter, seconds to minutes a case: one pattern per
 # op family (LAVO CS: the window tables and the learned basis; GSA NS: both directions in
-# one scan at this size, and the output norm), through aot_eager; the rest on the PyTorch path. Inductor on the CPU adds
-# half a minute (GSA) to 3.5 minutes (LAVO) a case; what it checks on top of aot_eager,
+# one scan at this size, and the output norm), through aot_eager; the rest on the PyTorch
+# path. Inductor on the CPU adds half a minute (GSA) to 3.5 minutes (LAVO) a case; what it checks on top of aot_eager,
 # that the ops' outputs have the strides their fakes promise, is checked here by opcheck
 # (below, the LAVO backward with a strided basis) and on the GPU by Inductor itself
 # (tests/attention/test_gpu_compile.py).
