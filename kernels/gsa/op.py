@@ -7,10 +7,14 @@ runs (chunk.py's `causal_forward`); `lavo_tasks::gsa_causal_bwd` its backward; t
 forward's autograd runs the backward op. `lavo_tasks::silu_rms_norm_fwd` / `_bwd` are the
 layer's fused output norm (output_norm.py). Each op has a fake-tensor implementation,
 the output shapes from the input shapes and the sequence lengths (Python ints) alone.
+Eager calls run the same passes under plain autograd.Functions instead (`gsa_causal_op`,
+`silu_rms_norm_op`), as LAVO's do: the operators' dispatch and registered autograd cost
+host time that an eager step, bound by its host, pays at every layer.
 """
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .chunk import causal_backward, causal_forward, chunk_count
 from .output_norm import silu_rms_norm_backward, silu_rms_norm_forward
@@ -96,10 +100,42 @@ def _causal_backward(ctx, do, dhk, dhv, *_unused):
 torch.library.register_autograd("lavo_tasks::gsa_causal_fwd", _causal_backward, setup_context=_causal_setup)
 
 
+class _EagerCausal(torch.autograd.Function):
+    """The scan's forward and backward passes under one autograd.Function, for calls that
+    are not being compiled: the operators' passes and saved tensors without their
+    dispatch."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
+        o, hk, hv, b, z, gsum, sk, sv = causal_forward(q, k, v, g, h0k, h0v, scale, lengths, output_final_state)
+        ctx.save_for_backward(q, k, v, g, b, z, gsum, sk, sv, hk, hv)
+        ctx.scale, ctx.lengths, ctx.has_h0, ctx.output_final_state = scale, lengths, h0k is not None, output_final_state
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
+        return o, hk, hv
+
+    @staticmethod
+    @once_differentiable  # the backward kernels have no backward of their own
+    def backward(ctx, do, dhk, dhv):
+        q, k, v, g, b, z, gsum, sk, sv, hk, hv = ctx.saved_tensors
+        if not ctx.output_final_state:
+            dhk = dhv = None
+        if q is None:  # the states only: no output was read
+            do = None
+        elif do is None:  # the output was not used: its gradient is zero
+            do = torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=q.dtype, device=q.device)
+        dq, dk, dv, dg, dh0k, dh0v = causal_backward(do, dhk, dhv, q, k, v, g, b, z, gsum, sk, sv, hk, hv, ctx.scale,
+                                                     ctx.lengths, ctx.has_h0)
+        return dq, dk, dv, dg, dh0k, dh0v, None, None, None
+
+
 def gsa_causal_op(q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
-    """(o [N,H,dv], K~_T, V~_T or None, None) of the forward op, differentiable through the
-    backward op; q None: the states only (o empty)."""
-    o, hk, hv, *_ = gsa_causal_fwd(q, k, v, g, h0k, h0v, scale, lengths, output_final_state)
+    """(o [N,H,dv], K~_T, V~_T or None, None) of the forward pass, differentiable through
+    the backward pass: the custom operators while torch.compile traces, `_EagerCausal`
+    otherwise; q None: the states only (o empty)."""
+    if torch.compiler.is_compiling():
+        o, hk, hv, *_ = gsa_causal_fwd(q, k, v, g, h0k, h0v, scale, lengths, output_final_state)
+    else:
+        o, hk, hv = _EagerCausal.apply(q, k, v, g, h0k, h0v, scale, lengths, output_final_state)
     return (o, hk, hv) if output_final_state else (o, None, None)
 
 
@@ -138,3 +174,27 @@ def _norm_backward(ctx, dy, _drstd):
 
 
 torch.library.register_autograd("lavo_tasks::silu_rms_norm_fwd", _norm_backward, setup_context=_norm_setup)
+
+
+class _EagerNorm(torch.autograd.Function):
+    """The output norm's kernels under one autograd.Function, for calls that are not being
+    compiled."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        y, rstd = silu_rms_norm_forward(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        return *silu_rms_norm_backward(dy, *ctx.saved_tensors), None
+
+
+def silu_rms_norm_op(x, weight, eps):
+    """RMSNorm(SiLU(x)) * weight on the kernels, differentiable: the custom operators while
+    torch.compile traces, `_EagerNorm` otherwise."""
+    if torch.compiler.is_compiling():
+        return silu_rms_norm_fwd(x, weight, eps)[0]
+    return _EagerNorm.apply(x, weight, eps)

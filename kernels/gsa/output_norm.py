@@ -92,6 +92,6 @@ def silu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, use_trit
     """
     if not use_triton or x.shape[-1] > MAX_DIM or x.dtype == torch.float64 or x.numel() == 0:
         return torch.nn.functional.rms_norm(torch.nn.functional.silu(x), (x.shape[-1],), weight.to(x.dtype), eps)
-    from .op import silu_rms_norm_fwd  # (op.py registers the custom operators around the kernels)
+    from .op import silu_rms_norm_op  # (op.py registers the custom operators around the kernels)
 
-    return silu_rms_norm_fwd(x, weight, float(eps))[0]
+    return silu_rms_norm_op(x, weight, float(eps))
