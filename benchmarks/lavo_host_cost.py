@@ -148,8 +148,9 @@ def host_ms(fwd_bwd, calls):
     return 1e3 * statistics.median(times)
 
 
-def measure(name, calls):
-    """{case, host_ms, small_ms, aten_ops, kernel_ops, launches, ops (Counter), kernels (Counter)}."""
+def measure(name, calls, make_case=make_case):
+    """{case, host_ms, small_ms, aten_ops, kernel_ops, launches, ops (Counter), kernels (Counter)}
+    of the forward+backward that make_case(name, small) returns."""
     fwd_bwd = make_case(name)
     with NoLaunch() as counted:
         full = host_ms(fwd_bwd, calls)
@@ -163,6 +164,19 @@ def measure(name, calls):
                 launches=sum(counted.launches.values()), ops=ops.ops, kernels=counted.launches)
 
 
+def print_results(results, show_ops):
+    """The table of `measure`'s results; show_ops: then each case's operators and kernels."""
+    print("| case | host ms | host ms, small | aten ops | kernel ops | Triton launches |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['case']} | {r['host_ms']:.2f} | {r['small_ms']:.2f} | {r['aten_ops']} | {r['kernel_ops']} "
+              f"| {r['launches']} |")
+    if show_ops:
+        for r in results:
+            print(f"\n{r['case']}: " + ", ".join(f"{op} x{n}" for op, n in r["ops"].most_common()))
+            print("  kernels: " + ", ".join(f"{k} x{n}" for k, n in r["kernels"].most_common()))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50, help="timed forward+backward calls per case")
@@ -170,16 +184,7 @@ def main(argv=None):
     parser.add_argument("--ops", action="store_true", help="list each case's operators and kernels")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    print("| case | host ms | host ms, small | aten ops | kernel ops | Triton launches |")
-    print("|---|---|---|---|---|---|")
-    results = [measure(name, args.calls) for name in args.cases.split(",")]
-    for r in results:
-        print(f"| {r['case']} | {r['host_ms']:.2f} | {r['small_ms']:.2f} | {r['aten_ops']} | {r['kernel_ops']} "
-              f"| {r['launches']} |")
-    if args.ops:
-        for r in results:
-            print(f"\n{r['case']}: " + ", ".join(f"{op} x{n}" for op, n in r["ops"].most_common()))
-            print("  kernels: " + ", ".join(f"{k} x{n}" for k, n in r["kernels"].most_common()))
+    print_results([measure(name, args.calls) for name in args.cases.split(",")], args.ops)
     return 0
 
 
