@@ -226,14 +226,13 @@ def causal_backward(do, dhk, dhv, q, k, v, g, b, z, gsum, sk, sv, hk, hv, scale,
 
     dk_, dv_, dg = torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
     # the final state is a read at each sequence's last row: its share of the gate grad
-    if has_dht:
-        carry = (dhk * hk).sum(-1) + (dhv * hv).sum(-1)
-    else:
-        carry = torch.zeros(n_seq, heads, slots, **f32)
+    carry = (dhk * hk).sum(-1) + (dhv * hv).sum(-1) if has_dht else None  # [NS, H, M]
     if cfg.whole:
-        _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, coff, chunk_seq, carry, dk_, dv_, dg,
-                        scale, cfg)
+        _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, chunk_seq, carry, dk_, dv_, dg, scale,
+                        cfg)
     else:
+        if carry is None:
+            carry = torch.zeros(n_seq, heads, slots, **f32)
         ds = torch.empty(2, *g.shape, **f32)  # the K~ and V~ shares of the write weights' gradient
         for w, x, y, dn, dy, share, d, bd, db, sc in ((dz, q, k, dnk, dk_, ds[0], dk, cfg.BK, cfg.DBK, scale),
                                                       (p, do, v, dnv, dv_, ds[1], dv, cfg.BV, cfg.DBV, 1.0)):
@@ -274,24 +273,22 @@ def _query_side(do, q, k, v, g, b, z, sk, sv, scale, chunks, sub, cfg):
     return dq, p, dz, dgate, dnk, dnv
 
 
-def _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, coff, chunk_seq, carry, dk, dv, dg, scale,
-                    cfg):
+def _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, chunk_seq, carry, dk, dv, dg, scale, cfg):
     """The key side of the backward on the whole-chunk kernels, and the log-gate gradient:
-    one launch (dk, dv, each chunk's part of dg and its total), the sums over later chunks
-    (float64, from the totals), and their add to dg."""
+    one launch (dk, dv, each chunk's part of dg and its total), then one that adds to dg
+    what the later chunks and the final state (carry [NS, H, M], or None) contribute."""
     n_chunks, heads, slots = len(chunks), g.shape[1], g.shape[2]
     totals = torch.empty(n_chunks, heads, slots, dtype=torch.float32, device=g.device)
     W._whole_key_bwd_kernel[(n_chunks, heads)](
         dz, q, k, dnk, p, do, v, dnv, g, b, dgate, chunks, dk, dv, dg, totals, scale, heads, slots, k.shape[-1],
         v.shape[-1], BT=BT, BC=WHOLE_BC, BM=cfg.BM, BK=cfg.BK, BV=cfg.BV, SPAN=SPAN, **cfg.prec,
         num_warps=cfg.warps["key"])
-    # per chunk: the totals of the later chunks of its sequence, plus the final state's share;
-    # prefix sums along the innermost axis (PyTorch's scan along the outer one is slower)
+    # float64 prefix sums along the innermost axis (PyTorch's scan along the outer one is
+    # slower); the kernel takes the difference at each chunk's sequence end
     before = totals.double().movedim(0, -1).cumsum(-1)  # [H, M, NC]: chunks up to c
-    ends = coff[1:][chunk_seq] - 1  # each chunk's sequence's last chunk
-    suffix = (before[..., ends] - before).movedim(-1, 0) + carry[chunk_seq]  # [NC, H, M]
-    W._add_chunk_suffix_kernel[(n_chunks, heads)](dg, suffix.float().contiguous(), chunks, heads, slots, BT=BT,
-                                                  BM=cfg.BM, num_warps=4)
+    W._add_chunk_suffix_kernel[(n_chunks, heads)](dg, before, carry if carry is not None else before, chunks,
+                                                  chunk_seq, heads, slots, *before.stride(),
+                                                  HAS_CARRY=carry is not None, BT=BT, BM=cfg.BM, num_warps=4)
 
 
 def _scan(bufs, gsum, inits, lasts, coff, dims, n_seq, heads, slots, *, reverse):

@@ -381,12 +381,22 @@ def _whole_key_bwd_kernel(
 
 
 @triton.jit
-def _add_chunk_suffix_kernel(dg_ptr, suffix_ptr, chunk_ptr, H, M, BT: tl.constexpr, BM: tl.constexpr):
-    """dg += suffix[c] on every row of chunk c (one head): what the later chunks of the
-    sequence, and its final state, add to the log-gate gradient."""
+def _add_chunk_suffix_kernel(dg_ptr, before_ptr, carry_ptr, chunk_ptr, seq_ptr, H, M, s_h, s_m, s_c,
+                             HAS_CARRY: tl.constexpr, BT: tl.constexpr, BM: tl.constexpr):
+    """dg += suffix on every row of chunk c (one head): what the later chunks of the
+    sequence add to the log-gate gradient, the difference of two float64 prefix sums of
+    the chunk totals (`before` [H, M, chunks], strides s_h, s_m, s_c: chunks up to c), plus
+    the final state's share, carry [NS, H, M] at the chunk's sequence (seq_ptr)."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     t0, n, o_t, m_t = _chunk_rows(chunk_ptr, i_c, BT)
+    last = i_c + (tl.load(chunk_ptr + 2 * i_c + 1) - t0 + BT - 1) // BT - 1  # the sequence's last chunk
     o_m = tl.arange(0, BM)
-    add = tl.load(suffix_ptr + (i_c.to(tl.int64) * H + i_h) * M + o_m, mask=o_m < M, other=0.0)
+    row = before_ptr + i_h.to(tl.int64) * s_h + o_m.to(tl.int64) * s_m
+    m_m = o_m < M
+    add = tl.load(row + last * s_c, mask=m_m, other=0.0) - tl.load(row + i_c.to(tl.int64) * s_c, mask=m_m, other=0.0)
+    add = add.to(tl.float32)
+    if HAS_CARRY:
+        seq = tl.load(seq_ptr + i_c)
+        add += tl.load(carry_ptr + (seq * H + i_h) * M + o_m, mask=m_m, other=0.0)
     base = _base(dg_ptr, t0, i_h, H, M)
     _store_tile(base, _tile(base, o_t, m_t, H * M, M, BM) + add[None, :], o_t, m_t, H * M, M, BM)
