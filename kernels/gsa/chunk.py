@@ -346,8 +346,8 @@ def _both_directions(q, k, v, g, initial_state, output_final_state, lengths, sca
     both = [torch.cat([x, _reverse(x, lengths)], dim) for x in (q, k, v, g)]  # [2B, T, ...] or [1, 2N, ...]
     h0 = None if initial_state is None else tuple(torch.cat([s, torch.zeros_like(s)]) for s in initial_state)
     o, final = _causal(*both, h0, output_final_state, lengths + lengths, scale)
-    half = o.shape[dim] // 2
-    forward, backward = o.narrow(dim, 0, half), _reverse(o.narrow(dim, half, half), lengths)
+    forward, backward = o.chunk(2, dim)  # (one backward op, a cat; two narrows' take four)
+    backward = _reverse(backward, lengths)
     if final is not None:  # the states of the left-to-right sequences come first
         final = GsaState(*(s[:len(lengths)] for s in final))
     return forward, backward, final
