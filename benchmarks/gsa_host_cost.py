@@ -1,6 +1,6 @@
-"""The host cost of one GSA forward+backward on the Triton path, measured on a CPU.
+"""The host cost of one GSA forward+backward on the Triton path, on a CPU or a GPU.
 
-    python benchmarks/gsa_host_cost.py [--calls N] [--cases CS,NS,...] [--ops]
+    python benchmarks/gsa_host_cost.py [--calls N] [--cases CS,NS,...] [--ops | --cuda]
 
 As `lavo_host_cost.py` (whose `measure` and table it uses): the GSA layer's
 attention call, `gsa_attn(..., backend="triton")`, and its output norm
@@ -10,16 +10,18 @@ kernels is timed and counted. Shapes: the tts backbone's at `model.preset=cab` (
 4 heads of 128, 64 slots), the ones `launch_sweep.py --family gsa` times on the GPU:
 CS over 512, NS over 128 (below the one-scan bound: one scan of both directions), CC 512
 over a 128-position source. "norm" is the output norm alone on CS's output.
+
+--cuda runs the kernels on the GPU instead and reports, per forward+backward, the host's
+µs to issue it (calls back to back, no sync between them) and the wall µs until the last
+kernel ends: where the first is the larger, the call is bound by its host.
 """
 
 import argparse
-import os
 import sys
+import time
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
-
-import torch  # noqa: E402
-from lavo_host_cost import measure, print_results  # noqa: E402
+import torch
+from lavo_host_cost import measure, print_results, use_interpreter
 
 BATCH, HEADS, DIM, SLOTS = 16, 4, 128, 64
 CASES = {  # name -> (causal, cross, n, m)
@@ -31,7 +33,7 @@ CASES = {  # name -> (causal, cross, n, m)
 }
 
 
-def make_case(name, small=False):
+def make_case(name, small=False, device="cpu"):
     """The forward+backward callable of a case; small: batch 1 and lengths / 8."""
     from lavo_tasks.kernels import gsa_attn
     from lavo_tasks.kernels.gsa.output_norm import silu_rms_norm
@@ -41,11 +43,11 @@ def make_case(name, small=False):
     if small:
         n, m = n // 8, m // 8
     g = torch.Generator().manual_seed(0)
-    bf16 = dict(dtype=torch.bfloat16)
+    bf16 = dict(dtype=torch.bfloat16, device=device)
     upstream = torch.randn(batch, n, HEADS, DIM, generator=g).to(**bf16)
     if name == "norm":
         x = torch.randn(batch, n, HEADS, DIM, generator=g).to(**bf16).requires_grad_()
-        weight = torch.ones(DIM, requires_grad=True)
+        weight = torch.ones(DIM, device=device, requires_grad=True)
         leaves = [x, weight]
 
         def run():
@@ -55,7 +57,7 @@ def make_case(name, small=False):
         k, v = (torch.randn(batch, m, HEADS, DIM, generator=g).to(**bf16).requires_grad_() for _ in range(2))
         # fp32 log-gates, as the layer passes them (logsigmoid of a projection, over a temperature)
         log_alpha = torch.nn.functional.logsigmoid(torch.randn(batch, m, HEADS, SLOTS, generator=g)) / 8
-        log_alpha.requires_grad_()
+        log_alpha = log_alpha.to(device).requires_grad_()
         leaves = [q, k, v, log_alpha]
 
         def run():
@@ -69,15 +71,40 @@ def make_case(name, small=False):
     return fwd_bwd
 
 
+def cuda_us(fwd_bwd, calls):
+    """(host µs, wall µs) per call of fwd_bwd on the GPU, after 20 warm-up calls: the time
+    to issue `calls` calls back to back, and to the end of their last kernel."""
+    for _ in range(20):
+        fwd_bwd()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fwd_bwd()
+    issued = time.perf_counter()
+    torch.cuda.synchronize()
+    done = time.perf_counter()
+    return 1e6 * (issued - start) / calls, 1e6 * (done - start) / calls
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50, help="timed forward+backward calls per case")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {','.join(CASES)}")
-    parser.add_argument("--ops", action="store_true", help="list each case's operators and kernels")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--ops", action="store_true", help="list each case's operators and kernels")
+    group.add_argument("--cuda", action="store_true", help="time the kernels on the GPU instead")
     args = parser.parse_args(argv)
     unknown = set(args.cases.split(",")) - set(CASES)
     if unknown:
         parser.error(f"--cases: unknown {sorted(unknown)}; the cases are {list(CASES)}")
+    if args.cuda:
+        print("| case | host µs | wall µs |")
+        print("|---|---|---|")
+        for name in args.cases.split(","):
+            host, wall = cuda_us(make_case(name, device="cuda"), args.calls)
+            print(f"| {name} | {host:.1f} | {wall:.1f} |")
+        return 0
+    use_interpreter()
     torch.set_num_threads(1)
     print_results([measure(name, args.calls, make_case) for name in args.cases.split(",")], args.ops)
     return 0

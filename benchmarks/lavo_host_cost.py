@@ -34,12 +34,10 @@ import sys
 import time
 from collections import Counter
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
-
-import torch  # noqa: E402
-from torch._library.custom_ops import _maybe_get_opdef  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+import torch
+from torch._library.custom_ops import _maybe_get_opdef
+from torch.utils._python_dispatch import TorchDispatchMode
+from triton.runtime.interpreter import InterpretedFunction
 
 HEADS, DIM, RANK, WINDOW = 16, 64, 64, 128
 CASES = {  # name -> (causal, cross, batch, n, m, masked, segments)
@@ -148,6 +146,12 @@ def host_ms(fwd_bwd, calls):
     return 1e3 * statistics.median(times)
 
 
+def use_interpreter():
+    """Run the kernels under Triton's interpreter: set before lavo_tasks' kernels are first
+    imported (Triton reads it when it decorates a kernel)."""
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
 def measure(name, calls, make_case=make_case):
     """{case, host_ms, small_ms, aten_ops, kernel_ops, launches, ops (Counter), kernels (Counter)}
     of the forward+backward that make_case(name, small) returns."""
@@ -183,6 +187,7 @@ def main(argv=None):
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {','.join(CASES)}")
     parser.add_argument("--ops", action="store_true", help="list each case's operators and kernels")
     args = parser.parse_args(argv)
+    use_interpreter()
     torch.set_num_threads(1)
     print_results([measure(name, args.calls) for name in args.cases.split(",")], args.ops)
     return 0
