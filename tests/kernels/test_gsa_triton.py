@@ -72,6 +72,29 @@ def test_causal_batch_odd_sizes_and_padding():
     _assert_matches_reference(xs, _states(2, 1, 9, 17, 19), kv_mask=mask)
 
 
+@pytest.mark.parametrize("used", ["state", "output"])
+def test_only_the_final_state_or_only_the_output_reaches_the_loss(used):
+    """The other one's gradient arrives as None (an unused output), read as zeros: with
+    the state alone, q gets no gradient (zeros or none)."""
+    xs = _inputs(1, 80, 80, heads=2, seed=5)
+
+    def grads(fn, dtype):
+        leaves = [x.to(dtype).detach().requires_grad_() for x in xs]
+        o, final = fn(*leaves, output_final_state=True)
+        g = torch.Generator().manual_seed(6)
+        read = final if used == "state" else [o]
+        sum((t.double() * torch.randn(t.shape, generator=g, dtype=torch.float64)).sum() for t in read).backward()
+        return [x.grad for x in leaves]
+
+    fast, ref = grads(chunk_gsa_attn, torch.float32), grads(reference_gsa_attn, torch.float64)
+    for name, a, b in zip(["dq", "dk", "dv", "dlog_alpha"], fast, ref):
+        if b is None:  # q with the state alone
+            assert name == "dq" and used == "state" and (a is None or not a.any()), name
+            continue
+        error = ((a.double() - b).abs().max() / b.abs().max()).item()
+        assert error <= TOL, f"{name}: relative error {error:.2e}"
+
+
 def test_causal_extreme_gates_stay_finite():
     """Gates down to exp(-40) per step: every decay inside a chunk is exp(<= 0)."""
     xs = _inputs(1, 40, 40, seed=4)
