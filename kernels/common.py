@@ -34,6 +34,11 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints, b > 0 (triton.cdiv without its per-call wrapper)."""
+    return -(-a // b)
+
+
 def tile_width(n: int) -> int:
     """The width of a Triton tile that holds n >= 1 columns: the smallest power of 2 that
     is >= n, and at least MIN_DOT."""

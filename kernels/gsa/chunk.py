@@ -32,9 +32,8 @@ gives the same layout with unequal lengths. Inputs are validated by `gsa_attn`.
 """
 
 import torch
-import triton
 
-from ..common import KERNEL_DTYPES, interpreted, shape_cache, tile_width
+from ..common import KERNEL_DTYPES, cdiv, interpreted, next_pow2, shape_cache, tile_width
 from . import chunk_kernels as K
 from . import whole_chunk_kernels as W
 from .state import GsaState
@@ -239,7 +238,7 @@ def causal_backward(do, dhk, dhv, q, k, v, g, b, z, gsum, sk, sv, hk, hv, scale,
             K._key_bwd_kernel[(n_sub, heads)](
                 w, x, y, dn, g, b, sub, dy, share, sc, heads, slots, d,
                 BT=BT, BC=BC, BM=cfg.BM, BD=bd, DB=db, SPAN=SPAN, **cfg.prec, num_warps=cfg.warps["key"])
-        K._gate_grad_kernel[(n_seq * heads, triton.cdiv(slots, GATE_SLOTS))](
+        K._gate_grad_kernel[(n_seq * heads, cdiv(slots, GATE_SLOTS))](
             dgate, ds[0], ds[1], g, dg, carry, cu, heads, slots, BT=BT, BM=GATE_SLOTS, WHILE_LOOPS=WHILE_LOOPS,
             num_warps=4)
     if not has_h0:
@@ -267,7 +266,7 @@ def _query_side(do, q, k, v, g, b, z, sk, sv, scale, chunks, sub, cfg):
         BT=BT, BC=BC, BM=cfg.BM, SPAN=SPAN, **cfg.blocks, **cfg.prec,
         num_warps=cfg.warps["query"])
     for w, x, dnext, d, bd, sc in ((dz, q, dnk, dk, cfg.BDK, scale), (p, do, dnv, dv, cfg.BDV, 1.0)):
-        K._chunk_read_grad_kernel[(len(chunks), heads, triton.cdiv(d, bd))](
+        K._chunk_read_grad_kernel[(len(chunks), heads, cdiv(d, bd))](
             w, x, b, dnext, chunks, sc, heads, slots, d, BT=BT, BM=cfg.BM, BD=bd, PREC=cfg.prec["PREC_S"],
             num_warps=4)
     return dq, p, dz, dgate, dnk, dnv
@@ -294,8 +293,8 @@ def _whole_key_side(q, k, v, do, p, dz, dnk, dnv, g, b, dgate, chunks, chunk_seq
 def _scan(bufs, gsum, inits, lasts, coff, dims, n_seq, heads, slots, *, reverse):
     """Run `_state_scan_kernel` on the K~ and V~ buffers together, [SCAN_ROWS, SCAN_COLS]
     tiles of each [M, d] state; inits / lasts are pairs or None."""
-    cols = min(SCAN_COLS, triton.next_power_of_2(max(dims)))
-    tiles = [triton.cdiv(slots, SCAN_ROWS) * triton.cdiv(d, cols) for d in dims]
+    cols = min(SCAN_COLS, next_pow2(max(dims)))
+    tiles = [cdiv(slots, SCAN_ROWS) * cdiv(d, cols) for d in dims]
     K._state_scan_kernel[(n_seq * heads, sum(tiles))](
         *bufs, gsum, *(inits or bufs), *(lasts or bufs), coff, heads, slots, *dims, tiles[0],
         HAS_INIT=inits is not None, STORE_LAST=lasts is not None, REVERSE=int(reverse),

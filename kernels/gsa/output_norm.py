@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import tile_width
+from ..common import cdiv, tile_width
 
 ROWS = 64  # rows per program
 MAX_DIM = 256
@@ -67,7 +67,7 @@ def silu_rms_norm_forward(x, weight, eps):
     rows = x2.shape[0]
     y = torch.empty_like(x2)
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-    _fwd_kernel[(triton.cdiv(rows, ROWS),)](x2, weight, y, rstd, rows, d, eps, ROWS=ROWS, BD=tile_width(d))
+    _fwd_kernel[(cdiv(rows, ROWS),)](x2, weight, y, rstd, rows, d, eps, ROWS=ROWS, BD=tile_width(d))
     return y.view(x.shape), rstd
 
 
@@ -76,7 +76,7 @@ def silu_rms_norm_backward(dy, x, weight, rstd):
     d = x.shape[-1]
     x2 = x.contiguous().view(-1, d)
     rows = x2.shape[0]
-    programs = triton.cdiv(rows, ROWS)
+    programs = cdiv(rows, ROWS)
     dx = torch.empty_like(x2)
     dw_parts = torch.empty(programs, d, dtype=torch.float32, device=x2.device)
     _bwd_kernel[(programs,)](x2, weight, rstd, dy.contiguous().view(-1, d), dx, dw_parts, rows, d, ROWS=ROWS,

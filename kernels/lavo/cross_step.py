@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import tile_width
+from ..common import cdiv, tile_width
 from .recurrent import _ready, online_softmax_block
 from .state import LavoSource
 
@@ -116,4 +116,4 @@ def _meta(dim, rank, window):
     """The kernel's compile-time arguments for a head dim, rank and window."""
     blk = min(WINDOW_BLOCK, tile_width(window))
     return dict(D=dim, R=rank, BD=tile_width(dim), BR=tile_width(rank), W=window, BLK=blk,
-                NBLK=triton.cdiv(window, blk), num_warps=4)
+                NBLK=cdiv(window, blk), num_warps=4)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import tile_width
+from ..common import cdiv, tile_width
 from .state import LavoDecodeState
 
 RING_BLOCK = 64  # buffer slots per step of the loop over the ring
@@ -137,5 +137,5 @@ def _step_meta(dim, rank, window):
     blk = min(RING_BLOCK, tile_width(max(ring, 1)))
     return dict(
         D=dim, R=rank, BD=tile_width(dim), BR=tile_width(rank),
-        RING=ring, BLK=blk, NBLK=triton.cdiv(ring, blk), num_warps=4,
+        RING=ring, BLK=blk, NBLK=cdiv(ring, blk), num_warps=4,
     )
