@@ -8,8 +8,8 @@ attention call, `gsa_attn(..., backend="triton")`, and its output norm
 interpreter with every kernel launch a no-op, so only the host's work around the
 kernels is timed and counted. Shapes: the tts backbone's at `model.preset=cab` (batch 16,
 4 heads of 128, 64 slots), the ones `launch_sweep.py --family gsa` times on the GPU:
-CS over 512, NS over 128 (below the one-scan bound: one scan of both directions), CC 512
-over a 128-position source. "norm" is the output norm alone on CS's output.
+CS over 512, NS over 128 (below the one-scan bound: one scan of both directions), CC and
+NC 512 over a 128-position source. "norm" is the output norm alone on CS's output.
 
 --cuda runs the kernels on the GPU instead and reports, per forward+backward, the host's
 µs to issue it (calls back to back, no sync between them) and the wall µs until the last

@@ -11,7 +11,8 @@ program per chunk of BT = 64 positions and head:
                                             the gate grad, the chunk's reads' gradient of its start state)
               _state_scan_kernel           (state gradients at every chunk end: reverse scan)
               _whole_key_bwd_kernel        (dk, dv, ds, the chunk's part of d log_alpha and its total)
-              _add_chunk_suffix_kernel     (what the later chunks add to d log_alpha)
+              _add_chunk_suffix_kernel     (what the later chunks and the final state add to
+                                            d log_alpha)
 
 Wider sizes run the per-sub-chunk kernels of `chunk_kernels.py` (16 positions a program,
 tiles narrow enough for 256 slots or head dims of 256) in place of the three whole-chunk
@@ -345,7 +346,7 @@ def _both_directions(q, k, v, g, initial_state, output_final_state, lengths, sca
     both = [torch.cat([x, _reverse(x, lengths)], dim) for x in (q, k, v, g)]  # [2B, T, ...] or [1, 2N, ...]
     h0 = None if initial_state is None else tuple(torch.cat([s, torch.zeros_like(s)]) for s in initial_state)
     o, final = _causal(*both, h0, output_final_state, lengths + lengths, scale)
-    forward, backward = o.chunk(2, dim)  # (one backward op, a cat; two narrows' take four)
+    forward, backward = o.chunk(2, dim)  # its backward is one op (a cat)
     backward = _reverse(backward, lengths)
     if final is not None:  # the states of the left-to-right sequences come first
         final = GsaState(*(s[:len(lengths)] for s in final))

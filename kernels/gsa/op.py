@@ -84,17 +84,24 @@ def _causal_setup(ctx, inputs, output):
     ctx.scale, ctx.lengths, ctx.has_h0, ctx.output_final_state = scale, lengths, h0k is not None, output_final_state
 
 
-def _causal_backward(ctx, do, dhk, dhv, *_unused):
+def _causal_grads(ctx, do, dhk, dhv, backward):
+    """The gradients of the scan's inputs (None for the options) through `backward`, the
+    backward op or chunk.causal_backward itself: the final state's gradients count only
+    where it was returned, and the query side runs only where an output was read (q
+    given and its gradient not None)."""
     q, k, v, g, b, z, gsum, sk, sv, hk, hv = ctx.saved_tensors
     if not ctx.output_final_state:
         dhk = dhv = None
-    if q is None:  # the states only: no output was read
-        do = None
-    dq, dk, dv, dg, dh0k, dh0v = gsa_causal_bwd(do, dhk, dhv, q, k, v, g, b, z, gsum, sk, sv, hk, hv, ctx.scale,
-                                                ctx.lengths, ctx.has_h0)
+    read = q is not None and do is not None
+    dq, dk, dv, dg, dh0k, dh0v = backward(do if read else None, dhk, dhv, q if read else None, k, v, g, b, z, gsum,
+                                          sk, sv, hk, hv, ctx.scale, ctx.lengths, ctx.has_h0)
     if not ctx.has_h0:
         dh0k = dh0v = None
-    return (dq if q is not None else None), dk, dv, dg, dh0k, dh0v, None, None, None
+    return (dq if read else None), dk, dv, dg, dh0k, dh0v, None, None, None
+
+
+def _causal_backward(ctx, do, dhk, dhv, *_unused):
+    return _causal_grads(ctx, do, dhk, dhv, gsa_causal_bwd)
 
 
 torch.library.register_autograd("lavo_tasks::gsa_causal_fwd", _causal_backward, setup_context=_causal_setup)
@@ -106,26 +113,16 @@ class _EagerCausal(torch.autograd.Function):
     dispatch."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
-        o, hk, hv, b, z, gsum, sk, sv = causal_forward(q, k, v, g, h0k, h0v, scale, lengths, output_final_state)
-        ctx.save_for_backward(q, k, v, g, b, z, gsum, sk, sv, hk, hv)
-        ctx.scale, ctx.lengths, ctx.has_h0, ctx.output_final_state = scale, lengths, h0k is not None, output_final_state
+    def forward(ctx, *inputs):  # the forward op's arguments
+        output = causal_forward(*inputs)
+        _causal_setup(ctx, inputs, output)
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
-        return o, hk, hv
+        return output[:3]  # o, K~_T, V~_T
 
     @staticmethod
     @once_differentiable  # the backward kernels have no backward of their own
     def backward(ctx, do, dhk, dhv):
-        q, k, v, g, b, z, gsum, sk, sv, hk, hv = ctx.saved_tensors
-        if not ctx.output_final_state:
-            dhk = dhv = None
-        if q is None:  # the states only: no output was read
-            do = None
-        elif do is None:  # the output was not used: its gradient is zero
-            do = torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=q.dtype, device=q.device)
-        dq, dk, dv, dg, dh0k, dh0v = causal_backward(do, dhk, dhv, q, k, v, g, b, z, gsum, sk, sv, hk, hv, ctx.scale,
-                                                     ctx.lengths, ctx.has_h0)
-        return dq, dk, dv, dg, dh0k, dh0v, None, None, None
+        return _causal_grads(ctx, do, dhk, dhv, causal_backward)
 
 
 def gsa_causal_op(q, k, v, g, h0k, h0v, scale, lengths, output_final_state):
@@ -147,8 +144,7 @@ def silu_rms_norm_fwd(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Te
 
 @silu_rms_norm_fwd.register_fake
 def _(x, weight, eps):
-    return _new(x), x.new_empty(x.numel() // x.shape[-1],
-                                                                                   dtype=_F32)
+    return _new(x), x.new_empty(x.numel() // x.shape[-1], dtype=_F32)
 
 
 @torch.library.custom_op("lavo_tasks::silu_rms_norm_bwd", mutates_args=())
@@ -182,9 +178,9 @@ class _EagerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps):
-        y, rstd = silu_rms_norm_forward(x, weight, eps)
-        ctx.save_for_backward(x, weight, rstd)
-        return y
+        output = silu_rms_norm_forward(x, weight, eps)
+        _norm_setup(ctx, (x, weight, eps), output)
+        return output[0]
 
     @staticmethod
     @once_differentiable

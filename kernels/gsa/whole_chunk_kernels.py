@@ -386,7 +386,7 @@ def _add_chunk_suffix_kernel(dg_ptr, before_ptr, carry_ptr, chunk_ptr, seq_ptr, 
     """dg += suffix on every row of chunk c (one head): what the later chunks of the
     sequence add to the log-gate gradient, the difference of two float64 prefix sums of
     the chunk totals (`before` [H, M, chunks], strides s_h, s_m, s_c: chunks up to c), plus
-    the final state's share, carry [NS, H, M] at the chunk's sequence (seq_ptr)."""
+    the final state's share, carry [NS, H, M] (contiguous) at the chunk's sequence (seq_ptr)."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     t0, n, o_t, m_t = _chunk_rows(chunk_ptr, i_c, BT)
     last = i_c + (tl.load(chunk_ptr + 2 * i_c + 1) - t0 + BT - 1) // BT - 1  # the sequence's last chunk
