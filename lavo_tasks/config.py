@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import get_args
 
 import torch
-from lightning.fabric.connector import _PRECISION_INPUT
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import tasks
@@ -426,6 +425,8 @@ def _check_basics(cfg: DictConfig) -> None:
 
 def _precisions() -> list[str]:
     """The values of trainer.precision: auto, and every one lightning.Trainer accepts."""
+    from lightning.fabric.connector import _PRECISION_INPUT  # (seconds to import: see _check_trainer)
+
     return ["auto", *(str(value) for group in get_args(_PRECISION_INPUT) for value in get_args(group))]
 
 
@@ -439,8 +440,9 @@ def _check_trainer(trainer: DictConfig) -> None:
         if not (whole and value >= 1 or isinstance(value, float) and 0 < value <= 1):
             raise ConfigError(f"trainer.{name}={value!r}: must be an integer >= 1 ({meaning}) "
                               "or a fraction in (0, 1] of the split")
-    precisions = _precisions()
-    if str(trainer.precision) not in precisions:
+    # the default needs no list: a configuration error then reaches the command line
+    # before anything imports Lightning
+    if str(trainer.precision) != "auto" and str(trainer.precision) not in (precisions := _precisions()):
         raise ConfigError(f"trainer.precision={trainer.precision!r}: allowed: {', '.join(precisions)}")
     max_time = trainer.max_time
     if max_time is not None and not (isinstance(max_time, str) and _DURATION.fullmatch(max_time)):

@@ -10,7 +10,15 @@
   their help texts.
 """
 
-from .commands import evaluate, train
-from .rundir import RunDir
+import importlib
 
 __all__ = ["RunDir", "evaluate", "train"]
+_HOMES = {"RunDir": "rundir", "evaluate": "commands", "train": "commands"}
+
+
+def __getattr__(name):
+    """The package's names, each imported from its module on first use: they import
+    Lightning, which the command line needs only once a configuration is known good."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)

@@ -17,7 +17,6 @@ from ..config import compose, compose_evaluation, validate
 from ..errors import ConfigError, Diverged, Interrupted
 from ..sweep import MULTIRUN_FLAGS
 from ..sweep import run as run_sweep
-from .commands import evaluate, train
 from .usage import evaluate_usage, train_usage
 
 
@@ -25,6 +24,8 @@ def run_train(args: list[str]) -> dict[str, float]:
     """`train`'s body: compose and check the configuration, train, test; the test metrics."""
     cfg = compose(args)
     validate(cfg)
+    from .commands import train  # Lightning's import takes seconds: not for a configuration error
+
     return train(cfg)
 
 
@@ -33,6 +34,8 @@ def run_evaluate(args: list[str]) -> dict[str, float]:
     checked, then the test of the checkpoint; the test metrics."""
     cfg, ckpt, changed = compose_evaluation(args)
     validate(cfg)
+    from .commands import evaluate  # (as run_train)
+
     return evaluate(cfg, ckpt, changed)
 
 

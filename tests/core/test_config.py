@@ -283,6 +283,15 @@ def test_cli_subprocess(tmp_path, args, message):
     assert "Traceback" not in result.stderr and not run_dir.exists()
 
 
+def test_a_configuration_error_reaches_the_command_line_before_lightning(tmp_path):
+    """The command line checks the configuration before it imports Lightning (seconds of
+    import): a bad key's one line comes without it."""
+    code = "import sys\nfrom lavo_tasks import train\nprint(train.main(['task=nope']), 'lightning' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.stdout.split() == ["2", "False"], result.stderr
+    assert result.stderr.startswith("error: task='nope'")
+
+
 def test_help_lists_tasks_attentions_and_keys():
     result = subprocess.run([sys.executable, "-m", "lavo_tasks.train", "--help"], capture_output=True, text=True,
                             timeout=120)
