@@ -72,24 +72,26 @@ def test_causal_batch_odd_sizes_and_padding():
     _assert_matches_reference(xs, _states(2, 1, 9, 17, 19), kv_mask=mask)
 
 
-@pytest.mark.parametrize("used", ["state", "output"])
+@pytest.mark.parametrize("used", ["state", "output", "K~ alone"])
 def test_only_the_final_state_or_only_the_output_reaches_the_loss(used):
-    """The other one's gradient arrives as None (an unused output), read as zeros: with
-    the state alone, q gets no gradient (zeros or none)."""
+    """The other outputs' gradients arrive as None (unused), read as zeros; an input that
+    reaches none of the read outputs (q with the state alone, v with K~ alone) gets a
+    zero gradient or none."""
     xs = _inputs(1, 80, 80, heads=2, seed=5)
 
     def grads(fn, dtype):
         leaves = [x.to(dtype).detach().requires_grad_() for x in xs]
         o, final = fn(*leaves, output_final_state=True)
         g = torch.Generator().manual_seed(6)
-        read = final if used == "state" else [o]
+        read = {"state": final, "output": [o], "K~ alone": final[:1]}[used]
         sum((t.double() * torch.randn(t.shape, generator=g, dtype=torch.float64)).sum() for t in read).backward()
         return [x.grad for x in leaves]
 
     fast, ref = grads(chunk_gsa_attn, torch.float32), grads(reference_gsa_attn, torch.float64)
+    unreached = {"state": {"dq"}, "output": set(), "K~ alone": {"dq", "dv"}}[used]
     for name, a, b in zip(["dq", "dk", "dv", "dlog_alpha"], fast, ref):
-        if b is None:  # q with the state alone
-            assert name == "dq" and used == "state" and (a is None or not a.any()), name
+        if name in unreached:
+            assert b is None and (a is None or not a.any()), name
             continue
         error = ((a.double() - b).abs().max() / b.abs().max()).item()
         assert error <= TOL, f"{name}: relative error {error:.2e}"
