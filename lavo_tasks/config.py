@@ -442,8 +442,9 @@ def _check_trainer(trainer: DictConfig) -> None:
                               "or a fraction in (0, 1] of the split")
     # the default needs no list: a configuration error then reaches the command line
     # before anything imports Lightning
-    if str(trainer.precision) != "auto" and str(trainer.precision) not in (precisions := _precisions()):
-        raise ConfigError(f"trainer.precision={trainer.precision!r}: allowed: {', '.join(precisions)}")
+    precision = str(trainer.precision)
+    if precision != "auto" and precision not in _precisions():
+        raise ConfigError(f"trainer.precision={trainer.precision!r}: allowed: {', '.join(_precisions())}")
     max_time = trainer.max_time
     if max_time is not None and not (isinstance(max_time, str) and _DURATION.fullmatch(max_time)):
         raise ConfigError(f"trainer.max_time={max_time!r}: expected null (no limit) or a duration DD:HH:MM:SS, "

@@ -328,7 +328,7 @@ def _reverse(x, lengths):
 
 def chunk_count(lengths) -> int:
     """The chunks of BT positions over packed sequences of these lengths."""
-    return sum(-(-length // BT) for length in lengths)
+    return sum(cdiv(length, BT) for length in lengths)
 
 
 def _both_directions(q, k, v, g, initial_state, output_final_state, lengths, scale):
