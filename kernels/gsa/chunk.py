@@ -22,8 +22,8 @@ ones: `_output_fwd_kernel`, `_query_bwd_kernel` with `_chunk_read_grad_kernel`,
 
 The other patterns reuse it: NS runs it on the sequences reversed too (as a second scan,
 or for small sizes in the same scan, beside the forward sequences), CC runs it with
-the target queries over the source and reads the final source state for queries past the
-source's end, NC reads the final source state for every query (the read of one fixed
+the target queries over the source, the shorter padded to the longer (source positions
+past its end write nothing, so the queries there read the final source state), NC reads the final source state for every query (the read of one fixed
 state, a softmax over M slots, is two small batched matrix products done in PyTorch).
 NC's scan has no queries (q None): its forward writes the states only, without the
 output kernel, and its backward skips the query side (dq and the reads' gradients).
@@ -353,6 +353,14 @@ def _both_directions(q, k, v, g, initial_state, output_final_state, lengths, sca
     return forward, backward, final
 
 
+def _pad_time(x, length):
+    """x [B, T, ...] zero-padded to `length` positions (contiguous either way: the scan
+    takes contiguous inputs)."""
+    if x.shape[1] == length:
+        return x
+    return torch.cat([x, x.new_zeros(x.shape[0], length - x.shape[1], *x.shape[2:])], 1)
+
+
 def _read_final(q, state, scale):
     """Every query reads one fixed state: q [B,n,H,dk] -> o [B,n,H,dv] in q's dtype."""
     o = read_state(q.float().transpose(1, 2), state[0], state[1], scale)
@@ -392,14 +400,14 @@ def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, 
             o = o * kv_mask[:, :, None, None].to(o.dtype)
         return o, final
 
-    if causal and n <= m:  # CC: query t reads the state after source position t
-        q_src = q if n == m else torch.cat([q, q.new_zeros(batch, m - n, *q.shape[2:])], 1)
-        o, final = _causal(q_src, k, v, g, initial_state, output_final_state, lengths, scale)
+    if causal:  # CC: query t reads the state after source position t, one scan over max(n, m)
+        # positions: zero queries past the target's end (outputs dropped); past the source's
+        # end, positions that write nothing (log alpha 0: alpha 1, write weight 0, as a
+        # masked position), so the queries there read the final source state
+        length = max(n, m)
+        q, k, v, g = (_pad_time(x, length) for x in (q, k, v, g))
+        o, final = _causal(q, k, v, g, initial_state, output_final_state, [length] * batch, scale)
         return o[:, :n], final
-    if causal:  # CC with a longer target: queries past the source read its final state
-        o, final = _causal(q[:, :m], k, v, g, initial_state, True, lengths, scale)
-        o = torch.cat([o, _read_final(q[:, m:], final, scale)], 1)
-        return o, (final if output_final_state else None)
     # NC: every query reads the final source state (the scan writes the states only)
     _, final = _causal(None, k, v, g, initial_state, True, lengths, scale)
     return _read_final(q, final, scale), (final if output_final_state else None)
