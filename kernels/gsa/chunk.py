@@ -23,10 +23,12 @@ ones: `_output_fwd_kernel`, `_query_bwd_kernel` with `_chunk_read_grad_kernel`,
 The other patterns reuse it: NS runs it on the sequences reversed too (as a second scan,
 or for small sizes in the same scan, beside the forward sequences), CC runs it with
 the target queries over the source, the shorter padded to the longer (source positions
-past its end write nothing, so the queries there read the final source state), NC reads the final source state for every query (the read of one fixed
-state, a softmax over M slots, is two small batched matrix products done in PyTorch).
-NC's scan has no queries (q None): its forward writes the states only, without the
-output kernel, and its backward skips the query side (dq and the reads' gradients).
+past its end write nothing, so the queries there read the final source state). NC, where
+every query reads the final source state, runs eagerly as one scan over the source
+followed by the target (whose positions write nothing); under torch.compile its scan has
+no queries (q None): the forward writes the states only, without the output kernel, the
+backward skips the query side (dq and the reads' gradients), and the read of the one
+final state, a softmax over M slots, is two small batched matrix products in PyTorch.
 
 Sequences are packed token-major ([B, T, H, D] viewed as [B*T, H, D]); `cu_seqlens`
 gives the same layout with unequal lengths. Inputs are validated by `gsa_attn`.
@@ -367,6 +369,16 @@ def _read_final(q, state, scale):
     return o.transpose(1, 2).to(q.dtype)
 
 
+def _nc_as_one_scan() -> bool:
+    """NC's form: one causal scan over the source followed by the target, or a scan that
+    writes the source's states only (no output kernel, no query side) and a read of the
+    final state in PyTorch. The one scan issues fewer kernels and operators, and its
+    extra GPU work (the source's positions read too) is hidden in an eager step, which
+    its host bounds; a compiled graph has no host cost per kernel, so it takes the
+    smaller GPU work. Timings: docs/benchmarks.md, "GSA's cross patterns"."""
+    return not torch.compiler.is_compiling()
+
+
 def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, initial_state=None,
                    output_final_state=False, kv_mask=None, cu_seqlens=None):
     """`gsa_attn` on the Triton kernels (same arguments minus `backend`, validated there).
@@ -408,6 +420,15 @@ def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, 
         q, k, v, g = (_pad_time(x, length) for x in (q, k, v, g))
         o, final = _causal(q, k, v, g, initial_state, output_final_state, [length] * batch, scale)
         return o[:, :n], final
-    # NC: every query reads the final source state (the scan writes the states only)
+    # NC: every query reads the final source state
+    if _nc_as_one_scan():
+        # the source, then the target: zero queries at the source's positions (outputs
+        # dropped), and target positions that write nothing (log alpha 0, as masked
+        # positions), so each query reads the final source state
+        q = torch.cat([q.new_zeros(batch, m, *q.shape[2:]), q], 1)
+        k, v, g = (_pad_time(x, m + n) for x in (k, v, g))
+        o, final = _causal(q, k, v, g, initial_state, output_final_state, [m + n] * batch, scale)
+        return o[:, m:], final
+    # (the scan writes the states only; the queries read the final one in PyTorch)
     _, final = _causal(None, k, v, g, initial_state, True, lengths, scale)
     return _read_final(q, final, scale), (final if output_final_state else None)

@@ -215,7 +215,14 @@ def test_causal_cross(n, m):
     _assert_matches_reference(xs, _states(2, 1, 12, 20, 5), cross=True, kv_mask=mask)
 
 
-def test_noncausal_cross():
+NC_FORMS = pytest.mark.parametrize("one_scan", [True, False], ids=["one scan", "states and a read"])
+
+
+@NC_FORMS
+def test_noncausal_cross(monkeypatch, one_scan):
+    """NC in both forms: the eager one (one scan over the source, then the target) and the
+    compiled one (the source's states, then a read of the final one)."""
+    monkeypatch.setattr(chunk, "_nc_as_one_scan", lambda: one_scan)
     xs = _inputs(2, 19, 26, seed=8)
     _assert_matches_reference(xs, _states(2, 1, 12, 20, 5), causal=False, cross=True)
 
@@ -227,9 +234,10 @@ class _Forbidden:
 
 @pytest.mark.parametrize("slots", [5, 80], ids=["whole-chunk kernels", "per-sub-chunk kernels"])
 def test_noncausal_cross_scans_without_reading_the_states(monkeypatch, slots):
-    """NC's source scan writes the states only: neither the output kernel nor the query
-    side of the backward runs, and the outputs and every gradient still match the
-    reference (80 slots: the per-sub-chunk kernels)."""
+    """NC's compiled form: its source scan writes the states only: neither the output
+    kernel nor the query side of the backward runs, and the outputs and every gradient
+    still match the reference (80 slots: the per-sub-chunk kernels)."""
+    monkeypatch.setattr(chunk, "_nc_as_one_scan", lambda: False)
     for module, name in [(chunk.W, "_whole_output_kernel"), (chunk.W, "_whole_query_bwd_kernel"),
                          (chunk.K, "_output_fwd_kernel"), (chunk.K, "_query_bwd_kernel"),
                          (chunk.K, "_chunk_read_grad_kernel")]:
