@@ -3,15 +3,16 @@
     python benchmarks/launch_sweep.py --family lavo|gsa [--variants NAME,...] [--shapes NAME,...]
 
 `lavo_gpu_profile.py --variants` times the protocol shape (16 heads of 64); this times the
-shapes of tts's cab preset (4 heads of 128, batch 16: CS over 512, CC 512 over 128, NS
-over 128) and a tsf-like head dim 64 (4 heads, batch 32, CS over 96); LAVO with window 32
+shapes of tts's cab preset (4 heads of 128, batch 16: CS over 512, CC and NC 512 over 128,
+NS over 128), a tsf-like head dim 64 (4 heads, batch 32, CS over 96) and tsf's cab preset
+(8 heads of 64, batch 32: NS over 96, NC 72 over 96); LAVO with window 32
 and rank 16, GSA with 64 slots (the attention configs' defaults). Each variant sets
 module-level launch settings: for LAVO an entry of kernels/lavo/chunk.py's LAUNCH (a dkv
 variant sets both dkv entries, so it means the same launch at every head dim), for GSA
 kernels/gsa/chunk.py's WHOLE_WARPS and WHOLE_WARPS_WIDE (a variant sets both, so it
-means the same warps at every head dim), WHOLE_BC or NS_ONE_SCAN_PROGRAMS ("shipped" sets
-nothing). Per shape and variant: the forward+backward median (eager, so mostly host time at these sizes), each Triton kernel's
-CUDA µs per call (profiler, 5 calls), and the largest relative RMS error of the output and
+means the same warps at every head dim), WHOLE_BC, NS_ONE_SCAN_PROGRAMS or `_nc_as_one_scan` ("shipped" sets
+nothing). Per shape and variant: the forward+backward median (eager, so mostly host time at these sizes), the CUDA µs per
+call of all its kernels and of each Triton kernel (profiler, 5 calls), and the largest relative RMS error of the output and
 gradients against the fp32 PyTorch path (WRONG above 5e-3). For LAVO last, the registers and
 spills of every kernel compiled, pooled.
 """
@@ -57,6 +58,8 @@ VARIANTS = {  # family: {name: {(module, global, key or None): value}}
     "gsa": {
         "shipped": {},
         "ns_two_scans": {(gsa_chunk, "NS_ONE_SCAN_PROGRAMS", None): 0},
+        "ns_one_scan": {(gsa_chunk, "NS_ONE_SCAN_PROGRAMS", None): 10**9},
+        "nc_states_read": {(gsa_chunk, "_nc_as_one_scan", None): lambda: False},  # NC's compiled form
         "whole_w4": whole_warps(),
         "whole_w8": whole_warps(output=8, query=8, key=8),
         "whole_key_w8": whole_warps(key=8),
@@ -71,6 +74,9 @@ SHAPES = {  # name: batch, heads, head dim, queries, keys, causal, cross
     "d128 CC 512 over 128": (16, 4, 128, 512, 128, True, True),
     "d128 NS 128": (16, 4, 128, 128, 128, False, False),
     "d64 CS 96": (32, 4, 64, 96, 96, True, False),
+    "tsf NS 96": (32, 8, 64, 96, 96, False, False),  # tsf's cab preset: 8 heads of 64
+    "tsf NC 72 over 96": (32, 8, 64, 72, 96, False, True),
+    "d128 NC 512 over 128": (16, 4, 128, 512, 128, False, True),
 }
 
 
@@ -157,12 +163,13 @@ def main():
                         fwd_bwd()
                     torch.cuda.synchronize()
             per_call = collections.defaultdict(float)
+            gpu = sum(event.self_device_time_total for event in prof.key_averages()) / 5
             for event in prof.key_averages():
                 if event.key.endswith("_kernel") and not event.key.startswith("triton_"):
                     per_call[event.key.removesuffix("_kernel").lstrip("_")] += event.self_device_time_total / 5
             kernels = " ".join(f"{k} {v:.1f}" for k, v in sorted(per_call.items()))
             flag = "" if error <= CHECK_TOL else " WRONG"
-            print(f"{shape:22s} {name:20s} f+b {ms * 1e3:7.1f} us  error {error:.1e}{flag}  {kernels}", flush=True)
+            print(f"{shape:22s} {name:20s} f+b {ms * 1e3:7.1f} us  gpu {gpu:7.1f} us  error {error:.1e}{flag}  {kernels}", flush=True)
     if family == "lavo":
         print("registers (num_warps, registers, spills):", lavo_registers())
 
