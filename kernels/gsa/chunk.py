@@ -375,7 +375,8 @@ def _nc_as_one_scan() -> bool:
     final state in PyTorch. The one scan issues fewer kernels and operators, and its
     extra GPU work (the source's positions read too) is hidden in an eager step, which
     its host bounds; a compiled graph has no host cost per kernel, so it takes the
-    smaller GPU work. Timings: docs/benchmarks.md, "GSA's cross patterns"."""
+    smaller GPU work. Timings: docs/benchmarks.md, "Wall and GPU time of one step", the
+    item on GSA's cross patterns."""
     return not torch.compiler.is_compiling()
 
 
