@@ -10,7 +10,7 @@ and rank 16, GSA with 64 slots (the attention configs' defaults). Each variant s
 module-level launch settings: for LAVO an entry of kernels/lavo/chunk.py's LAUNCH (a dkv
 variant sets both dkv entries, so it means the same launch at every head dim), for GSA
 kernels/gsa/chunk.py's WHOLE_WARPS and WHOLE_WARPS_WIDE (a variant sets both, so it
-means the same warps at every head dim), WHOLE_BC, NS_ONE_SCAN_PROGRAMS or `_nc_as_one_scan` ("shipped" sets
+means the same warps at every head dim), WHOLE_BC, NS_ONE_SCAN_PROGRAMS or CROSS_ONE_SCAN_ROWS ("shipped" sets
 nothing). Per shape and variant: the forward+backward median (eager, so mostly host time at these sizes), the CUDA µs per
 call of all its kernels and of each Triton kernel (profiler, 5 calls), and the largest relative RMS error of the output and
 gradients against the fp32 PyTorch path (WRONG above 5e-3). For LAVO last, the registers and
@@ -59,7 +59,8 @@ VARIANTS = {  # family: {name: {(module, global, key or None): value}}
         "shipped": {},
         "ns_two_scans": {(gsa_chunk, "NS_ONE_SCAN_PROGRAMS", None): 0},
         "ns_one_scan": {(gsa_chunk, "NS_ONE_SCAN_PROGRAMS", None): 10**9},
-        "nc_states_read": {(gsa_chunk, "_nc_as_one_scan", None): lambda: False},  # NC's compiled form
+        # CC's longer targets and NC read the final source state in PyTorch (their compiled form)
+        "cross_read": {(gsa_chunk, "CROSS_ONE_SCAN_ROWS", None): 0},
         "whole_w4": whole_warps(),
         "whole_w8": whole_warps(output=8, query=8, key=8),
         "whole_key_w8": whole_warps(key=8),

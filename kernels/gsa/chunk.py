@@ -25,10 +25,12 @@ or for small sizes in the same scan, beside the forward sequences), CC runs it w
 the target queries over the source, the shorter padded to the longer (source positions
 past its end write nothing, so the queries there read the final source state). NC, where
 every query reads the final source state, runs eagerly as one scan over the source
-followed by the target (whose positions write nothing); under torch.compile its scan has
-no queries (q None): the forward writes the states only, without the output kernel, the
-backward skips the query side (dq and the reads' gradients), and the read of the one
-final state, a softmax over M slots, is two small batched matrix products in PyTorch.
+followed by the target (whose positions write nothing). Under torch.compile, and above
+CROSS_ONE_SCAN_ROWS, a longer CC target's queries past the source and all of NC's read
+the final source state in PyTorch instead (the read of one fixed state, a softmax over M
+slots, is two small batched matrix products); NC's scan then has no queries (q None):
+the forward writes the states only, without the output kernel, and the backward skips
+the query side (dq and the reads' gradients).
 
 Sequences are packed token-major ([B, T, H, D] viewed as [B*T, H, D]); `cu_seqlens`
 gives the same layout with unequal lengths. Inputs are validated by `gsa_attn`.
@@ -130,6 +132,11 @@ WHOLE_WARPS_WIDE = {"output": 8, "query": 8, "key": 8}
 # the GPU's SMs idle and their launches are host time, while at large sizes one scan is
 # slower and holds twice the inputs. Timings: docs/benchmarks.md, "Launch settings".
 NS_ONE_SCAN_PROGRAMS = 256
+# CC with a target longer than its source, and NC, run eagerly as one scan over padded
+# positions (`_cross_as_one_scan`) up to this many rows x heads in that scan: its extra GPU
+# work (about 4-7 ns per row and head on an H100) stays below the host time it saves
+# there (0.5-1.4 ms a call). Timings: docs/benchmarks.md, "Wall and GPU time of one step".
+CROSS_ONE_SCAN_ROWS = 65536
 
 
 class _Config:
@@ -356,8 +363,7 @@ def _both_directions(q, k, v, g, initial_state, output_final_state, lengths, sca
 
 
 def _pad_time(x, length):
-    """x [B, T, ...] zero-padded to `length` positions (contiguous either way: the scan
-    takes contiguous inputs)."""
+    """x [B, T, ...] zero-padded to `length` positions (x itself when T = length)."""
     if x.shape[1] == length:
         return x
     return torch.cat([x, x.new_zeros(x.shape[0], length - x.shape[1], *x.shape[2:])], 1)
@@ -369,15 +375,15 @@ def _read_final(q, state, scale):
     return o.transpose(1, 2).to(q.dtype)
 
 
-def _nc_as_one_scan() -> bool:
-    """NC's form: one causal scan over the source followed by the target, or a scan that
-    writes the source's states only (no output kernel, no query side) and a read of the
-    final state in PyTorch. The one scan issues fewer kernels and operators, and its
-    extra GPU work (the source's positions read too) is hidden in an eager step, which
-    its host bounds; a compiled graph has no host cost per kernel, so it takes the
-    smaller GPU work. Timings: docs/benchmarks.md, "Wall and GPU time of one step", the
-    item on GSA's cross patterns."""
-    return not torch.compiler.is_compiling()
+def _cross_as_one_scan(rows: int) -> bool:
+    """The form of CC with a target longer than its source and of NC, whose scan would
+    have `rows` rows x heads: one causal scan over padded positions, or a scan over the
+    source (NC: writing the states only, no output kernel, no query side) and a read of
+    the final state in PyTorch. The one scan issues fewer kernels and operators, and
+    its extra GPU work (more positions scanned, NC's source positions read too) is
+    hidden in an eager step of these sizes, which its host bounds; a compiled graph has
+    no host cost per kernel, so it takes the smaller GPU work, as larger scans do."""
+    return rows <= CROSS_ONE_SCAN_ROWS and not torch.compiler.is_compiling()
 
 
 def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, initial_state=None,
@@ -413,7 +419,9 @@ def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, 
             o = o * kv_mask[:, :, None, None].to(o.dtype)
         return o, final
 
-    if causal:  # CC: query t reads the state after source position t, one scan over max(n, m)
+    heads = q.shape[2]
+    if causal and (n <= m or _cross_as_one_scan(batch * n * heads)):
+        # CC: query t reads the state after source position t, one scan over max(n, m)
         # positions: zero queries past the target's end (outputs dropped); past the source's
         # end, positions that write nothing (log alpha 0: alpha 1, write weight 0, as a
         # masked position), so the queries there read the final source state
@@ -421,8 +429,12 @@ def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, 
         q, k, v, g = (_pad_time(x, length) for x in (q, k, v, g))
         o, final = _causal(q, k, v, g, initial_state, output_final_state, [length] * batch, scale)
         return o[:, :n], final
+    if causal:  # CC with a longer target: queries past the source read its final state
+        o, final = _causal(q[:, :m], k, v, g, initial_state, True, lengths, scale)
+        o = torch.cat([o, _read_final(q[:, m:], final, scale)], 1)
+        return o, (final if output_final_state else None)
     # NC: every query reads the final source state
-    if _nc_as_one_scan():
+    if _cross_as_one_scan(batch * (m + n) * heads):
         # the source, then the target: zero queries at the source's positions (outputs
         # dropped), and target positions that write nothing (log alpha 0, as masked
         # positions), so each query reads the final source state

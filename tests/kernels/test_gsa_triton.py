@@ -207,24 +207,33 @@ def test_noncausal_self_in_half_precision_is_the_rounded_fp32_mean_of_the_two_sc
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("n,m", [(21, 34), (34, 21)])
-def test_causal_cross(n, m):
+CROSS_FORMS = pytest.mark.parametrize("one_scan_rows", [10**9, 0], ids=["one scan", "a read of the final state"])
+
+
+@CROSS_FORMS
+@pytest.mark.parametrize("n,m", [(21, 34), (34, 21), (70, 21)])
+def test_causal_cross(monkeypatch, n, m, one_scan_rows):
+    """Targets shorter and longer than the source (70: past a 64-position chunk), in both
+    forms of a longer target: one scan over padded source positions (eager), or the
+    queries past the source reading its final state (compiled, and large scans)."""
+    monkeypatch.setattr(chunk, "CROSS_ONE_SCAN_ROWS", one_scan_rows)
     xs = _inputs(2, n, m, seed=7)
     mask = torch.ones(2, m, dtype=torch.bool)
     mask[1, m - 4:] = False
     _assert_matches_reference(xs, _states(2, 1, 12, 20, 5), cross=True, kv_mask=mask)
 
 
-NC_FORMS = pytest.mark.parametrize("one_scan", [True, False], ids=["one scan", "states and a read"])
-
-
-@NC_FORMS
-def test_noncausal_cross(monkeypatch, one_scan):
-    """NC in both forms: the eager one (one scan over the source, then the target) and the
-    compiled one (the source's states, then a read of the final one)."""
-    monkeypatch.setattr(chunk, "_nc_as_one_scan", lambda: one_scan)
-    xs = _inputs(2, 19, 26, seed=8)
-    _assert_matches_reference(xs, _states(2, 1, 12, 20, 5), causal=False, cross=True)
+@CROSS_FORMS
+@pytest.mark.parametrize("n,m", [(19, 26), (40, 50)])
+def test_noncausal_cross(monkeypatch, n, m, one_scan_rows):
+    """NC in both forms: the eager one (one scan over the source, then the target; 90
+    positions cross a chunk) and the compiled one (the source's states, then a read of
+    the final one), with padding at the end of one source."""
+    monkeypatch.setattr(chunk, "CROSS_ONE_SCAN_ROWS", one_scan_rows)
+    xs = _inputs(2, n, m, seed=8)
+    mask = torch.ones(2, m, dtype=torch.bool)
+    mask[0, m - 5:] = False
+    _assert_matches_reference(xs, _states(2, 1, 12, 20, 5), causal=False, cross=True, kv_mask=mask)
 
 
 class _Forbidden:
@@ -237,7 +246,7 @@ def test_noncausal_cross_scans_without_reading_the_states(monkeypatch, slots):
     """NC's compiled form: its source scan writes the states only: neither the output
     kernel nor the query side of the backward runs, and the outputs and every gradient
     still match the reference (80 slots: the per-sub-chunk kernels)."""
-    monkeypatch.setattr(chunk, "_nc_as_one_scan", lambda: False)
+    monkeypatch.setattr(chunk, "CROSS_ONE_SCAN_ROWS", 0)
     for module, name in [(chunk.W, "_whole_output_kernel"), (chunk.W, "_whole_query_bwd_kernel"),
                          (chunk.K, "_output_fwd_kernel"), (chunk.K, "_query_bwd_kernel"),
                          (chunk.K, "_chunk_read_grad_kernel")]:
