@@ -25,7 +25,7 @@ or for small sizes in the same scan, beside the forward sequences), CC runs it w
 the target queries over the source, the shorter padded to the longer (source positions
 past its end write nothing, so the queries there read the final source state). NC, where
 every query reads the final source state, runs eagerly as one scan over the source
-followed by the target (whose positions write nothing). Under torch.compile, and above
+followed by the target (whose positions write nothing). Under torch.compile, or above
 CROSS_ONE_SCAN_ROWS, a longer CC target's queries past the source and all of NC's read
 the final source state in PyTorch instead (the read of one fixed state, a softmax over M
 slots, is two small batched matrix products); NC's scan then has no queries (q None):
@@ -134,8 +134,8 @@ WHOLE_WARPS_WIDE = {"output": 8, "query": 8, "key": 8}
 NS_ONE_SCAN_PROGRAMS = 256
 # CC with a target longer than its source, and NC, run eagerly as one scan over padded
 # positions (`_cross_as_one_scan`) up to this many rows x heads in that scan: its extra GPU
-# work (about 4-7 ns per row and head on an H100) stays below the host time it saves
-# there (0.5-1.4 ms a call). Timings: docs/benchmarks.md, "Wall and GPU time of one step".
+# work (3-7.5 ns per row and head of the scan on an H100) stays about within the host time
+# it saves (0.5-1.4 ms a call). Timings: docs/benchmarks.md, "Wall and GPU time of one step".
 CROSS_ONE_SCAN_ROWS = 65536
 
 
@@ -381,9 +381,11 @@ def _cross_as_one_scan(rows: int) -> bool:
     source (NC: writing the states only, no output kernel, no query side) and a read of
     the final state in PyTorch. The one scan issues fewer kernels and operators, and
     its extra GPU work (more positions scanned, NC's source positions read too) is
-    hidden in an eager step of these sizes, which its host bounds; a compiled graph has
-    no host cost per kernel, so it takes the smaller GPU work, as larger scans do."""
-    return rows <= CROSS_ONE_SCAN_ROWS and not torch.compiler.is_compiling()
+    hidden in an eager step of these sizes, which its host bounds. A compiled model takes
+    the smaller GPU work, as larger scans do: the read form launches no more Triton
+    kernels, Inductor fuses its PyTorch ops, and CUDA graphs (reduce-overhead) remove
+    the host's cost per kernel altogether."""
+    return not torch.compiler.is_compiling() and rows <= CROSS_ONE_SCAN_ROWS
 
 
 def chunk_gsa_attn(q, k, v, log_alpha, *, causal=True, cross=False, scale=None, initial_state=None,

@@ -207,16 +207,29 @@ def test_noncausal_self_in_half_precision_is_the_rounded_fp32_mean_of_the_two_sc
     assert torch.equal(got, want)
 
 
-CROSS_FORMS = pytest.mark.parametrize("one_scan_rows", [10**9, 0], ids=["one scan", "a read of the final state"])
+CROSS_FORMS = pytest.mark.parametrize("one_scan", [True, False], ids=["one scan", "a read of the final state"])
 
 
-@CROSS_FORMS
-@pytest.mark.parametrize("n,m", [(21, 34), (34, 21), (70, 21)])
-def test_causal_cross(monkeypatch, n, m, one_scan_rows):
-    """Targets shorter and longer than the source (70: past a 64-position chunk), in both
-    forms of a longer target: one scan over padded source positions (eager), or the
-    queries past the source reading its final state (compiled, and large scans)."""
-    monkeypatch.setattr(chunk, "CROSS_ONE_SCAN_ROWS", one_scan_rows)
+def _cross_form(monkeypatch, one_scan):
+    """Bound the one-scan form of the cross patterns so that `one_scan` decides it, and
+    make the other form's PyTorch read raise where the one scan should run."""
+    monkeypatch.setattr(chunk, "CROSS_ONE_SCAN_ROWS", 10**9 if one_scan else 0)
+    if one_scan:
+        monkeypatch.setattr(chunk, "_read_final", _no_read)
+
+
+def _no_read(*_):
+    raise AssertionError("the read of the final state ran in the one-scan form")
+
+
+@pytest.mark.parametrize("n,m,one_scan", [(21, 34, True), (34, 21, True), (34, 21, False), (70, 21, True),
+                                          (70, 21, False)])
+def test_causal_cross(monkeypatch, n, m, one_scan):
+    """Targets shorter and longer than the source (70: past a 64-position chunk), a longer
+    one in both forms: one scan over padded source positions (eager), or the queries past
+    the source reading its final state (compiled, and large scans); a shorter target
+    always pads its queries."""
+    _cross_form(monkeypatch, one_scan)
     xs = _inputs(2, n, m, seed=7)
     mask = torch.ones(2, m, dtype=torch.bool)
     mask[1, m - 4:] = False
@@ -225,11 +238,11 @@ def test_causal_cross(monkeypatch, n, m, one_scan_rows):
 
 @CROSS_FORMS
 @pytest.mark.parametrize("n,m", [(19, 26), (40, 50)])
-def test_noncausal_cross(monkeypatch, n, m, one_scan_rows):
+def test_noncausal_cross(monkeypatch, n, m, one_scan):
     """NC in both forms: the eager one (one scan over the source, then the target; 90
     positions cross a chunk) and the compiled one (the source's states, then a read of
     the final one), with padding at the end of one source."""
-    monkeypatch.setattr(chunk, "CROSS_ONE_SCAN_ROWS", one_scan_rows)
+    _cross_form(monkeypatch, one_scan)
     xs = _inputs(2, n, m, seed=8)
     mask = torch.ones(2, m, dtype=torch.bool)
     mask[0, m - 5:] = False
@@ -239,6 +252,29 @@ def test_noncausal_cross(monkeypatch, n, m, one_scan_rows):
 class _Forbidden:
     def __getitem__(self, grid):
         raise AssertionError("a kernel that reads the states ran")
+
+
+@pytest.mark.parametrize("pattern", ["CC", "NC"])
+def test_compiled_calls_and_large_scans_read_the_final_state(monkeypatch, pattern):
+    """The read form runs while torch.compile traces (is_compiling), and eagerly above
+    CROSS_ONE_SCAN_ROWS rows x heads; the one scan below it."""
+    reads = []
+    real = chunk._read_final
+    monkeypatch.setattr(chunk, "_read_final", lambda *a: reads.append(1) or real(*a))
+    xs = _inputs(1, 30, 20, seed=9)  # one scan of 30 (CC) or 50 (NC) rows, 1 head
+    rows = 30 if pattern == "CC" else 50
+
+    def run():
+        chunk_gsa_attn(*xs, causal=pattern == "CC", cross=True)
+        return len(reads)
+
+    monkeypatch.setattr(chunk, "CROSS_ONE_SCAN_ROWS", rows)
+    assert run() == 0
+    monkeypatch.setattr(chunk, "CROSS_ONE_SCAN_ROWS", rows - 1)
+    assert run() == 1
+    monkeypatch.setattr(chunk, "CROSS_ONE_SCAN_ROWS", 10**9)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert run() == 2
 
 
 @pytest.mark.parametrize("slots", [5, 80], ids=["whole-chunk kernels", "per-sub-chunk kernels"])
