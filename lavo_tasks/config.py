@@ -425,7 +425,7 @@ def _check_basics(cfg: DictConfig) -> None:
 
 def _precisions() -> list[str]:
     """The values of trainer.precision: auto, and every one lightning.Trainer accepts."""
-    from lightning.fabric.connector import _PRECISION_INPUT  # (seconds to import: see _check_trainer)
+    from lightning.fabric.connector import _PRECISION_INPUT  # (imports Lightning: see _check_trainer)
 
     return ["auto", *(str(value) for group in get_args(_PRECISION_INPUT) for value in get_args(group))]
 

@@ -133,9 +133,9 @@ WHOLE_WARPS_WIDE = {"output": 8, "query": 8, "key": 8}
 # slower and holds twice the inputs. Timings: docs/benchmarks.md, "Launch settings".
 NS_ONE_SCAN_PROGRAMS = 256
 # CC with a target longer than its source, and NC, run eagerly as one scan over padded
-# positions (`_cross_as_one_scan`) up to this many rows x heads in that scan: its extra GPU
-# work (3-7.5 ns per row and head of the scan on an H100) stays about within the host time
-# it saves (0.5-1.4 ms a call). Timings: docs/benchmarks.md, "Wall and GPU time of one step".
+# positions (`_cross_as_one_scan`) up to this many rows x heads in that scan: the one
+# scan's extra GPU work grows with its rows, the host time it saves does not, and here
+# the two are about even. Timings: docs/benchmarks.md, "Wall and GPU time of one step".
 CROSS_ONE_SCAN_ROWS = 65536
 
 

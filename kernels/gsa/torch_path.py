@@ -15,7 +15,7 @@ float64); outputs come back in q's dtype, states in the computation dtype.
 import torch
 import torch.nn.functional as F
 
-from ..common import compute_dtype
+from ..common import cdiv, compute_dtype
 from .state import GsaState
 
 CHUNK = 16  # positions per chunk (a power of 2); the states are carried from chunk to chunk
@@ -89,7 +89,7 @@ def _causal_scan(q, k, v, log_alpha, state_k, state_v, scale):
     batch, heads, length, _ = q.shape
     if length == 0:
         return v.new_zeros(batch, heads, 0, v.shape[-1]), (state_k, state_v)
-    n_chunks = -(-length // CHUNK)
+    n_chunks = cdiv(length, CHUNK)
     pad = n_chunks * CHUNK - length
     if pad:  # padded tail: alpha = 1, s = 0, so the state passes through unchanged
         q, k, v, log_alpha = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v, log_alpha))

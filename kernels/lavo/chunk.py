@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..common import KERNEL_DTYPES, MIN_DOT, next_pow2, shape_cache, tile_width
+from ..common import KERNEL_DTYPES, MIN_DOT, cdiv, next_pow2, shape_cache, tile_width
 from .chunk_bwd import lavo_delta_kernel, lavo_dkv_kernel, lavo_mem_bwd_kernel, lavo_mem_sums_kernel
 from .chunk_fwd import chunk_value_sums_kernel, lavo_fwd_kernel
 from .chunk_scan import chunk_range_sums
@@ -214,11 +214,11 @@ def _window_blocks(window, chunk, noncausal, cross):
     # of a query chunk's key blocks come before it, the key chunk's queries start QB0
     # chunks before it (0 causal)
     if noncausal:
-        kb0 = -(-half // chunk)
+        kb0 = cdiv(half, chunk)
         nkb = nqb = 0 if cross else 2 * kb0 + 1
         qb0 = kb0
     else:
-        kb0 = -(-(window - 1) // chunk)
+        kb0 = cdiv(window - 1, chunk)
         nkb = kb0 + 1
         nqb = (window + chunk - 2) // chunk + 1
         qb0 = 0
@@ -235,7 +235,7 @@ def _compile_args(dtype, d, rank, chunk, noncausal, window, has_mask, cross):
     # exactly when (w - 1) % C == 0 (causal) or HALF % C == 0 (noncausal) (chunk_bwd._dkv_table)
     bias_entries = window + 1 if noncausal else window
     return dict(
-        D=d, BD=tile_width(d), RB=rank_block, NRB=-(-rank // rank_block), C=chunk, WINDOW=window,
+        D=d, BD=tile_width(d), RB=rank_block, NRB=cdiv(rank, rank_block), C=chunk, WINDOW=window,
         NS=noncausal, HALF=half, NKB=nkb, NQB=nqb, KB0=kb0, QB0=qb0, LAST=(nqb - 1 - qb0) * chunk + half < bias_entries,
         TABLE=not cross, HAS_MASK=has_mask, QMASK=has_mask and not cross,
         PREC="ieee" if dtype == torch.float32 else "tf32",
@@ -299,7 +299,7 @@ def saved_shapes(q, k, basis, kv_mask, cu_seqlens, window, causal, cross, segmen
     dtypes alone (fake tensors and symbolic sizes too: the op's fake implementation)."""
     batch, n, heads, d = q.shape
     m = k.shape[1]
-    query_chunks = -(-n // chunk)
+    query_chunks = cdiv(n, chunk)
     packed = cu_seqlens is not None
     # packed sequences: at most one partial chunk per sequence past the whole ones
     pre_rows = query_chunks + cu_seqlens.shape[0] - 1 if packed else batch * query_chunks
@@ -358,7 +358,7 @@ def _prepare(q, k, basis, rel_bias, mem_bias, kv_mask, cu_seqlens, window, causa
     elif noncausal and kv_mask is None and not packed:  # the same for every call of the shape
         segid, cnt = _unmasked_segment_tables(batch, n, m, chunk, segments, q.device)
     elif noncausal and not packed:
-        segid, cnt = _masked_segment_tables(kv_mask, segments, -(-n // chunk))
+        segid, cnt = _masked_segment_tables(kv_mask, segments, cdiv(n, chunk))
         segid = rho if segid is None else segid
     elif noncausal:  # packed: counts per query chunk of each sequence
         valid = kv_mask if kv_mask is not None else torch.ones(batch, m, dtype=torch.bool, device=q.device)
@@ -419,11 +419,11 @@ def lavo_chunk_backward(do, q, k, v, o, lse, saved, basis, rel_bias, mem_bias, k
     f32 = dict(dtype=torch.float32, device=q.device)
     nrb = meta["NRB"]
     group = _memory_group(nq, heads * nrb, q.device)
-    groups = -(-nq // group)
+    groups = cdiv(nq, group)
     dq_mem = torch.empty(q.shape, **f32)
     delta = torch.empty_like(lse)  # [rows, H]
     block = DELTA_TILE // meta["BD"]  # (row, head) pairs per program
-    lavo_delta_kernel[(-(-delta.numel() // block),)](o, do, delta, delta.numel(), D=d, BD=meta["BD"], BLOCK=block)
+    lavo_delta_kernel[(cdiv(delta.numel(), block),)](o, do, delta, delta.numel(), D=d, BD=meta["BD"], BLOCK=block)
     db_part = torch.empty(groups, heads, rank, d, **f32)
     dmu_part = torch.empty(groups, nrb, heads, segments, **f32)
     # the memory's in-chunk value gradients (causal only): rows past the queries' chunks
@@ -447,7 +447,7 @@ def lavo_chunk_backward(do, q, k, v, o, lse, saved, basis, rel_bias, mem_bias, k
     chunk_range_sums(wsum, layout.seqs, suf, layout.longest, suffix=True, total=layout.noncausal)
     # CC, target longer than the source: query blocks past the source (a power of 2,
     # so that few lengths compile their own kernel)
-    tail = next_pow2(-(-(n - m) // meta["C"]) + 1) if n > m and meta["NKB"] else 0
+    tail = next_pow2(cdiv(n - m, meta["C"]) + 1) if n > m and meta["NKB"] else 0
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     lavo_dkv_kernel[(layout.nk, heads)](
@@ -474,7 +474,7 @@ def _memory_group(chunks: int, per_group: int, device: torch.device) -> int:
         return DQ_GROUP
     slots = WAVES * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     group = DQ_GROUP
-    while group > 1 and -(-chunks // group) * per_group < slots:
+    while group > 1 and cdiv(chunks, group) * per_group < slots:
         group //= 2
     return group
 

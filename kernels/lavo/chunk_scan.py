@@ -19,7 +19,7 @@ import math
 import triton
 import triton.language as tl
 
-from ..common import next_pow2
+from ..common import cdiv, next_pow2
 
 SCAN_ROWS = 64  # chunks per tile (TB)
 SCAN_COLS = 64  # columns per program (BW)
@@ -101,9 +101,9 @@ def chunk_range_sums(totals, seqs, out, longest, *, suffix, total):
     (rows past the output chunks of `seqs` are not written; `seqs`: the int32
     [sequences, 4] table; `longest`: the most chunks of one sequence, queries or keys)."""
     width = math.prod(totals.shape[1:])
-    tiles = -(-longest // SCAN_ROWS)
+    tiles = cdiv(longest, SCAN_ROWS)
     tiles = next_pow2(tiles) if tiles else 0
-    chunk_range_sums_kernel[(seqs.shape[0], -(-width // SCAN_COLS))](
+    chunk_range_sums_kernel[(seqs.shape[0], cdiv(width, SCAN_COLS))](
         totals.contiguous(), out, seqs, width, TILES=tiles, TB=SCAN_ROWS, BW=SCAN_COLS, SUFFIX=suffix, TOTAL=total,
         num_warps=4,
     )

@@ -24,7 +24,7 @@ def run_train(args: list[str]) -> dict[str, float]:
     """`train`'s body: compose and check the configuration, train, test; the test metrics."""
     cfg = compose(args)
     validate(cfg)
-    from .commands import train  # Lightning's import takes seconds: not for a configuration error
+    from .commands import train  # imports Lightning, which a configuration error does not need
 
     return train(cfg)
 

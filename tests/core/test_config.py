@@ -284,7 +284,7 @@ def test_cli_subprocess(tmp_path, args, message):
 
 
 def test_a_configuration_error_reaches_the_command_line_before_lightning(tmp_path):
-    """The command line checks the configuration before it imports Lightning (seconds of
+    """The command line checks the configuration before it imports Lightning (a slow
     import): a bad key's one line comes without it."""
     code = "import sys\nfrom lavo_tasks import train\nprint(train.main(['task=nope']), 'lightning' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
