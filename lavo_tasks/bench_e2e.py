@@ -3,7 +3,8 @@ each attention side by side in one process, on one GPU.
 
     python -m lavo_tasks.bench_e2e task=NAME [attentions=softmax,local,lavo,gsa] [steps=10]
                                    [compile=off|default|max-autotune|reduce-overhead]
-                                   [commit=ID] [out=bench_out] [--profile] [KEY=VALUE ...]
+                                   [commit=ID] [out=bench_out] [batch=FILE] [--profile] [KEY=VALUE ...]
+    python -m lavo_tasks.bench_e2e task=NAME save_batch=FILE [KEY=VALUE ...]
 
 For each attention: the run's configuration (`task=NAME attention=A model.preset=cab`,
 the kernel benchmark's attention sizes: lavo window 128 rank 64, gsa 64 slots, then the
@@ -36,6 +37,12 @@ package runs from, or "unknown" for an installed copy. A site whose pattern the
 attention cannot run (`local` at a cross-attention site) keeps softmax, and the row says
 so (`cross: softmax`). An attention that runs out of memory gets a row with its error.
 
+`save_batch=FILE` writes the spec and the first training batch of the configuration
+(what a row measures the step on) to FILE and times nothing (on any machine);
+`batch=FILE` then takes them from FILE instead of the task's DataModule. A GPU machine
+that lacks what reads a task's data (pcc's open3d) measures the task that way, the file
+written where the data can be read, with the same KEY=VALUE overrides.
+
 Writes OUT/bench_e2e_<task>.jsonl and prints a Markdown table. Needs CUDA (tests run
 it on the CPU with `allow_cpu`).
 """
@@ -57,6 +64,7 @@ from . import tasks
 from .attention import ATTENTION_NAMES, block_class
 from .config import compose, split_args, validate
 from .errors import ConfigError
+from .files import write_atomically
 from .compiling import COMPILE_MODES, compile_model
 from .run.cli import run_cli
 from .stacks import Decoder, Encoder
@@ -69,7 +77,7 @@ TIMED_WINDOWS = 3
 ATTENTION_OVERRIDES = {"lavo": ["attention.window=128", "attention.rank=64"], "gsa": ["attention.slots=64"]}
 CROSS_FALLBACK = "softmax"  # at a site whose pattern the attention cannot run (local at cross sites)
 ARGUMENTS = {"attentions": ",".join(ATTENTION_NAMES), "steps": "10", "out": "bench_out", "compile": "off",
-             "commit": ""}
+             "commit": "", "batch": "", "save_batch": ""}
 PROFILED_STEPS = 3
 TOP_KERNELS = 25  # rows of a --profile table
 
@@ -106,11 +114,39 @@ class TokenCount:
             handle.remove()
 
 
-def module_and_first_batch(cfg):
-    """The task's Module (on the CPU) and its DataModule's first training batch."""
-    task = tasks.load_task(cfg.task)
-    datamodule = task.DataModule(cfg)
-    return task.Module(cfg, datamodule.spec()), next(iter(datamodule.train_dataloader()))
+def spec_and_first_batch(cfg) -> dict:
+    """{"task", "spec", "batch"}: the task's DataModule's spec and first training batch."""
+    datamodule = tasks.load_task(cfg.task).DataModule(cfg)
+    return {"task": cfg.task, "spec": datamodule.spec(), "batch": next(iter(datamodule.train_dataloader()))}
+
+
+def save_batch(cfg, path: Path) -> None:
+    """`spec_and_first_batch` of cfg, written to path (atomically)."""
+    saved = spec_and_first_batch(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, lambda f: torch.save(saved, f))
+
+
+def load_batch(path: Path, task: str) -> dict:
+    """What `save_batch` wrote to path, for `task`; ConfigError naming the file otherwise."""
+    try:
+        saved = torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise ConfigError(f"batch={path}: no such file (write it with save_batch={path})") from None
+    except Exception as error:  # (torch.load's errors name neither the file nor what it expected)
+        raise ConfigError(f"batch={path}: not a file that save_batch= wrote ({type(error).__name__})") from None
+    if not isinstance(saved, dict) or set(saved) != {"task", "spec", "batch"}:
+        raise ConfigError(f"batch={path}: not a file that save_batch= wrote")
+    if saved["task"] != task:
+        raise ConfigError(f"batch={path}: written for task={saved['task']}, not task={task}")
+    return saved
+
+
+def module_and_first_batch(cfg, saved: dict | None = None):
+    """The task's Module (on the CPU) and the first training batch: its DataModule's, or
+    the one in `saved` (`load_batch`) with the spec saved beside it."""
+    saved = saved or spec_and_first_batch(cfg)
+    return tasks.load_task(cfg.task).Module(cfg, saved["spec"]), saved["batch"]
 
 
 def training_step(module, batch, optimizer, autocast) -> torch.Tensor:
@@ -125,11 +161,11 @@ def training_step(module, batch, optimizer, autocast) -> torch.Tensor:
 
 
 def training_throughput(cfg, steps: int, device: torch.device, compile_mode: str = "off",
-                        profile_path: Path | None = None) -> dict:
+                        profile_path: Path | None = None, saved: dict | None = None) -> dict:
     """Samples/s, tokens/s, step ms, GPU ms and host syncs per step, peak GiB (CUDA) and
     loss of `steps` training steps of the task's Module on the first batch of its
-    DataModule, after WARMUP_STEPS; `profile_path`: where the top kernels go."""
-    module, batch = module_and_first_batch(cfg)
+    DataModule (or `saved`'s), after WARMUP_STEPS; `profile_path`: where the top kernels go."""
+    module, batch = module_and_first_batch(cfg, saved)
     module, batch = module.to(device), move_data_to_device(batch, device)
     on_gpu = device.type == "cuda"
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=on_gpu)
@@ -308,12 +344,19 @@ def bench(args: list[str], allow_cpu: bool = False) -> list[dict]:
         raise ConfigError(f"steps={options['steps']!r}: a whole number >= 1")
     if options["compile"] not in COMPILE_MODES:
         raise ConfigError(f"compile={options['compile']!r}: allowed {', '.join(COMPILE_MODES)}")
-    if not torch.cuda.is_available() and not allow_cpu:
+    if options["batch"] and options["save_batch"]:
+        raise ConfigError("batch= and save_batch=: give one (save_batch= writes the file that batch= reads)")
+    if not torch.cuda.is_available() and not allow_cpu and not options["save_batch"]:
         raise ConfigError("bench_e2e needs a CUDA GPU (timings on a CPU mean nothing)")
     if options["compile"] != "off":  # the batches a compiled run trains on (lavo_tasks.data: fixed lengths)
         extra.append(f"trainer.compile={options['compile']}")
     if not any(key == "run.dir" for key, _ in overrides):  # where the default data and caches go, once
         extra.append(f"run.dir={Path(options['out']) / 'runs' / task}")
+    if options["save_batch"]:  # (the data does not depend on the attention)
+        save_batch(bench_config(task, attentions[0], extra)[0], Path(options["save_batch"]))
+        print(f"wrote {options['save_batch']}")
+        return []
+    saved = load_batch(Path(options["batch"]), task) if options["batch"] else None
     configs = {a: bench_config(task, a, extra) for a in attentions}  # every config checked before any work
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
@@ -323,13 +366,15 @@ def bench(args: list[str], allow_cpu: bool = False) -> list[dict]:
     meta = {"date": time.strftime("%Y-%m-%d"), "task": task, "device": torch.cuda.get_device_name()
             if device.type == "cuda" else "cpu", "torch": torch.__version__, "overrides": extra,
             "compile": options["compile"], "commit": options["commit"] or checkout_commit()}
+    if saved is not None:
+        meta["batch_file"] = options["batch"]
     rows = []
     with (out / f"bench_e2e_{task}.jsonl").open("w") as log:
         for name, (cfg, cross_fallback) in configs.items():
             profile_path = out / f"profile_{task}_{name}.txt" if profile else None
             rows.append(record({"attention": name, "cross_fallback": cross_fallback}, log, meta,
                                lambda: training_throughput(cfg, int(options["steps"]), device, options["compile"],
-                                                           profile_path)))
+                                                           profile_path, saved)))
             if options["compile"] != "off":
                 # Each attention compiles from a clean slate, as in a process of its own: the
                 # graphs and CUDA graph pools of the attentions before it stay out of its step.

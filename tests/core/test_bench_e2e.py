@@ -153,3 +153,38 @@ def test_a_row_keeps_the_fastest_timed_window(tmp_path, monkeypatch):
     assert bench_e2e.TIMED_WINDOWS == row["timed_windows"] == 3
     assert row["step_ms"] == pytest.approx(1000 / 4)
     assert row["samples_per_s"] == pytest.approx(4 * row["batch"] / 1.0)
+
+
+def test_a_saved_batch_replaces_the_data_module(tmp_path, monkeypatch):
+    """save_batch= writes the spec and first batch where the data can be read; batch= then
+    measures the step without the task's DataModule (as on a GPU machine without open3d)."""
+    file = tmp_path / "tsf_batch.pt"
+    assert bench_e2e.bench(["task=tsf", f"save_batch={file}", f"out={tmp_path / 'a'}", *TSF_SMALL]) == []
+    saved = torch.load(file, weights_only=True)
+    assert saved["task"] == "tsf" and saved["batch"]["x"].shape[0] == 2
+
+    def no_data(cfg):
+        raise AssertionError("the DataModule was built")
+
+    monkeypatch.setattr(bench_e2e, "spec_and_first_batch", no_data)
+    out = tmp_path / "b"
+    rows = bench_e2e.bench(["task=tsf", "attentions=softmax,lavo", "steps=1", f"batch={file}", f"out={out}",
+                            *TSF_SMALL], allow_cpu=True)
+    assert [r["tokens_per_step"] for r in rows] == [2 * (32 + 16 + 8)] * 2
+    assert json.loads((out / "bench_e2e_tsf.jsonl").read_text().splitlines()[0])["batch_file"] == str(file)
+
+
+def test_bad_batch_files_are_one_line(tmp_path):
+    other = tmp_path / "other.pt"
+    torch.save({"task": "pcc", "spec": {}, "batch": {}}, other)
+    tensor = tmp_path / "tensor.pt"
+    torch.save(torch.zeros(2), tensor)
+    text = tmp_path / "text.pt"
+    text.write_text("not a checkpoint")
+    cases = [(tmp_path / "missing.pt", "no such file"), (other, "written for task=pcc, not task=tsf"),
+             (tensor, "not a file that save_batch= wrote"), (text, "not a file that save_batch= wrote")]
+    for path, message in cases:
+        with pytest.raises(ConfigError, match=f"batch={path}: {message}"):
+            bench_e2e.bench(["task=tsf", f"batch={path}", "steps=1", f"out={tmp_path}", *TSF_SMALL], allow_cpu=True)
+    with pytest.raises(ConfigError, match="batch= and save_batch=: give one"):
+        bench_e2e.bench(["task=tsf", f"batch={other}", f"save_batch={other}"], allow_cpu=True)
