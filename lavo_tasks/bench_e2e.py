@@ -4,7 +4,7 @@ each attention side by side in one process, on one GPU.
     python -m lavo_tasks.bench_e2e task=NAME [attentions=softmax,local,lavo,gsa] [steps=10]
                                    [compile=off|default|max-autotune|reduce-overhead]
                                    [commit=ID] [out=bench_out] [batch=FILE] [--profile] [KEY=VALUE ...]
-    python -m lavo_tasks.bench_e2e task=NAME save_batch=FILE [KEY=VALUE ...]
+    python -m lavo_tasks.bench_e2e task=NAME save_batch=FILE [compile=...] [KEY=VALUE ...]
 
 For each attention: the run's configuration (`task=NAME attention=A model.preset=cab`,
 the kernel benchmark's attention sizes: lavo window 128 rank 64, gsa 64 slots, then the
@@ -41,7 +41,9 @@ so (`cross: softmax`). An attention that runs out of memory gets a row with its 
 (what a row measures the step on) to FILE and times nothing (on any machine);
 `batch=FILE` then takes them from FILE instead of the task's DataModule. A GPU machine
 that lacks what reads a task's data (pcc's open3d) measures the task that way, the file
-written where the data can be read, with the same KEY=VALUE overrides.
+written where the data can be read. The batch's shapes follow the data.* keys, `seed`
+and `compile` (which pads some tasks' batches): the file keeps them, `batch=` refuses a
+file written with others, and each row records them (`batch_settings`).
 
 Writes OUT/bench_e2e_<task>.jsonl and prints a Markdown table. Needs CUDA (tests run
 it on the CPU with `allow_cpu`).
@@ -120,25 +122,37 @@ def spec_and_first_batch(cfg) -> dict:
     return {"task": cfg.task, "spec": datamodule.spec(), "batch": next(iter(datamodule.train_dataloader()))}
 
 
-def save_batch(cfg, path: Path) -> None:
-    """`spec_and_first_batch` of cfg, written to path (atomically)."""
-    saved = spec_and_first_batch(cfg)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, lambda f: torch.save(saved, f))
+def batch_settings(overrides: list[str]) -> list[str]:
+    """Those of the KEY=VALUE `overrides` that can change a task's first training batch."""
+    return sorted(o for o in overrides if o.startswith(("data.", "seed=", "trainer.compile=")))
 
 
-def load_batch(path: Path, task: str) -> dict:
-    """What `save_batch` wrote to path, for `task`; ConfigError naming the file otherwise."""
+def save_batch(cfg, settings: list[str], path: Path) -> None:
+    """`spec_and_first_batch` of cfg and its `batch_settings`, written to path (atomically)."""
+    saved = {**spec_and_first_batch(cfg), "settings": settings}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda f: torch.save(saved, f))
+    except OSError as error:
+        raise ConfigError(f"save_batch={path}: {error.strerror or error}") from None
+
+
+def load_batch(path: Path, task: str, settings: list[str]) -> dict:
+    """What `save_batch` wrote to path, for `task` with these `batch_settings`; ConfigError
+    naming the file otherwise."""
     try:
         saved = torch.load(path, weights_only=True)
     except FileNotFoundError:
         raise ConfigError(f"batch={path}: no such file (write it with save_batch={path})") from None
     except Exception as error:  # (torch.load's errors name neither the file nor what it expected)
         raise ConfigError(f"batch={path}: not a file that save_batch= wrote ({type(error).__name__})") from None
-    if not isinstance(saved, dict) or set(saved) != {"task", "spec", "batch"}:
+    if not isinstance(saved, dict) or set(saved) != {"task", "spec", "batch", "settings"}:
         raise ConfigError(f"batch={path}: not a file that save_batch= wrote")
     if saved["task"] != task:
         raise ConfigError(f"batch={path}: written for task={saved['task']}, not task={task}")
+    if saved["settings"] != settings:
+        raise ConfigError(f"batch={path}: written with {' '.join(saved['settings']) or 'no data keys'}, "
+                          f"not {' '.join(settings) or 'no data keys'}")
     return saved
 
 
@@ -346,17 +360,22 @@ def bench(args: list[str], allow_cpu: bool = False) -> list[dict]:
         raise ConfigError(f"compile={options['compile']!r}: allowed {', '.join(COMPILE_MODES)}")
     if options["batch"] and options["save_batch"]:
         raise ConfigError("batch= and save_batch=: give one (save_batch= writes the file that batch= reads)")
+    if options["save_batch"]:
+        unused = [f"{key}=" for key, _ in overrides if key in ("steps", "commit", "attentions")]
+        if unused or profile:
+            raise ConfigError(f"save_batch= times nothing: leave out {(unused or ['--profile'])[0]}")
     if not torch.cuda.is_available() and not allow_cpu and not options["save_batch"]:
         raise ConfigError("bench_e2e needs a CUDA GPU (timings on a CPU mean nothing)")
     if options["compile"] != "off":  # the batches a compiled run trains on (lavo_tasks.data: fixed lengths)
         extra.append(f"trainer.compile={options['compile']}")
     if not any(key == "run.dir" for key, _ in overrides):  # where the default data and caches go, once
         extra.append(f"run.dir={Path(options['out']) / 'runs' / task}")
+    settings = batch_settings(extra)
     if options["save_batch"]:  # (the data does not depend on the attention)
-        save_batch(bench_config(task, attentions[0], extra)[0], Path(options["save_batch"]))
+        save_batch(bench_config(task, attentions[0], extra)[0], settings, Path(options["save_batch"]))
         print(f"wrote {options['save_batch']}")
         return []
-    saved = load_batch(Path(options["batch"]), task) if options["batch"] else None
+    saved = load_batch(Path(options["batch"]), task, settings) if options["batch"] else None
     configs = {a: bench_config(task, a, extra) for a in attentions}  # every config checked before any work
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
@@ -367,7 +386,7 @@ def bench(args: list[str], allow_cpu: bool = False) -> list[dict]:
             if device.type == "cuda" else "cpu", "torch": torch.__version__, "overrides": extra,
             "compile": options["compile"], "commit": options["commit"] or checkout_commit()}
     if saved is not None:
-        meta["batch_file"] = options["batch"]
+        meta |= {"batch_file": options["batch"], "batch_settings": settings}
     rows = []
     with (out / f"bench_e2e_{task}.jsonl").open("w") as log:
         for name, (cfg, cross_fallback) in configs.items():

@@ -2,6 +2,7 @@
 
 import inspect
 import json
+import re
 import types
 import warnings
 
@@ -156,12 +157,19 @@ def test_a_row_keeps_the_fastest_timed_window(tmp_path, monkeypatch):
 
 
 def test_a_saved_batch_replaces_the_data_module(tmp_path, monkeypatch):
-    """save_batch= writes the spec and first batch where the data can be read; batch= then
-    measures the step without the task's DataModule (as on a GPU machine without open3d)."""
+    """save_batch= writes the spec and first training batch where the data can be read (no
+    GPU needed); batch= then measures the step without the task's DataModule (as on a GPU
+    machine without open3d), and each row says which file and settings it measured."""
     file = tmp_path / "tsf_batch.pt"
-    assert bench_e2e.bench(["task=tsf", f"save_batch={file}", f"out={tmp_path / 'a'}", *TSF_SMALL]) == []
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        assert bench_e2e.bench(["task=tsf", f"save_batch={file}", f"out={tmp_path / 'a'}", *TSF_SMALL]) == []
     saved = torch.load(file, weights_only=True)
-    assert saved["task"] == "tsf" and saved["batch"]["x"].shape[0] == 2
+    cfg, _ = bench_e2e.bench_config("tsf", "softmax", [*TSF_SMALL, f"run.dir={tmp_path / 'a' / 'runs' / 'tsf'}"])
+    first = bench_e2e.spec_and_first_batch(cfg)
+    assert saved["task"] == "tsf" and saved["spec"] == first["spec"] and saved["settings"] == sorted(TSF_SMALL[5:])
+    assert saved["batch"].keys() == first["batch"].keys()
+    assert all(torch.equal(saved["batch"][k], first["batch"][k]) for k in first["batch"])
 
     def no_data(cfg):
         raise AssertionError("the DataModule was built")
@@ -171,20 +179,35 @@ def test_a_saved_batch_replaces_the_data_module(tmp_path, monkeypatch):
     rows = bench_e2e.bench(["task=tsf", "attentions=softmax,lavo", "steps=1", f"batch={file}", f"out={out}",
                             *TSF_SMALL], allow_cpu=True)
     assert [r["tokens_per_step"] for r in rows] == [2 * (32 + 16 + 8)] * 2
-    assert json.loads((out / "bench_e2e_tsf.jsonl").read_text().splitlines()[0])["batch_file"] == str(file)
+    logged = json.loads((out / "bench_e2e_tsf.jsonl").read_text().splitlines()[0])
+    assert logged["batch_file"] == str(file) and logged["batch_settings"] == saved["settings"]
 
 
-def test_bad_batch_files_are_one_line(tmp_path):
+def test_bad_batch_files_and_options_are_one_line(tmp_path):
+    good = tmp_path / "good.pt"
+    bench_e2e.bench(["task=tsf", f"save_batch={good}", f"out={tmp_path}", *TSF_SMALL])
     other = tmp_path / "other.pt"
-    torch.save({"task": "pcc", "spec": {}, "batch": {}}, other)
+    torch.save({"task": "pcc", "spec": {}, "batch": {}, "settings": []}, other)
     tensor = tmp_path / "tensor.pt"
     torch.save(torch.zeros(2), tensor)
     text = tmp_path / "text.pt"
     text.write_text("not a checkpoint")
-    cases = [(tmp_path / "missing.pt", "no such file"), (other, "written for task=pcc, not task=tsf"),
-             (tensor, "not a file that save_batch= wrote"), (text, "not a file that save_batch= wrote")]
-    for path, message in cases:
-        with pytest.raises(ConfigError, match=f"batch={path}: {message}"):
-            bench_e2e.bench(["task=tsf", f"batch={path}", "steps=1", f"out={tmp_path}", *TSF_SMALL], allow_cpu=True)
-    with pytest.raises(ConfigError, match="batch= and save_batch=: give one"):
-        bench_e2e.bench(["task=tsf", f"batch={other}", f"save_batch={other}"], allow_cpu=True)
+    cases = [
+        ([f"batch={tmp_path / 'missing.pt'}", "steps=1"], f"batch={tmp_path / 'missing.pt'}: no such file"),
+        ([f"batch={other}", "steps=1"], f"batch={other}: written for task=pcc, not task=tsf"),
+        ([f"batch={tensor}", "steps=1"], f"batch={tensor}: not a file that save_batch= wrote"),
+        ([f"batch={text}", "steps=1"], f"batch={text}: not a file that save_batch= wrote"),
+        ([f"batch={good}", "data.batch_size=4", "steps=1"],
+         f"batch={good}: written with data.batch_size=2 data.label_len=16"),
+        ([f"batch={good}", "compile=default", "steps=1"],
+         f"batch={good}: written with .* not .*trainer.compile=default"),
+        ([f"batch={good}", f"save_batch={good}"], "batch= and save_batch=: give one"),
+        ([f"save_batch={good}", "steps=3"], "save_batch= times nothing: leave out steps="),
+        ([f"save_batch={good}", "--profile"], "save_batch= times nothing: leave out --profile"),
+        ([f"save_batch={text}/inside.pt"], f"save_batch={text}/inside.pt: "),
+    ]
+    for args, message in cases:
+        with pytest.raises(ConfigError) as error:
+            bench_e2e.bench(["task=tsf", f"out={tmp_path}", *TSF_SMALL, *args], allow_cpu=True)
+        assert re.match(message if ".*" in message else re.escape(message), str(error.value)), str(error.value)
+        assert "\n" not in str(error.value)
