@@ -12,6 +12,16 @@ D_MODEL, N_HEADS = 16, 2  # head dim 8
 SMALL = {"local": {"window": 4}, "lavo": {"window": 4, "rank": 4}, "gsa": {"slots": 5}}
 
 
+def rope_reference(u: torch.Tensor, position: int) -> torch.Tensor:
+    """One vector u [d] rotated to `position`, in float64: channels (i, i + d//2) as the
+    complex number u_i + 1j u_{i+d/2}, multiplied by exp(1j * position * 10000 ** (-i / (d/2)))."""
+    half = u.shape[0] // 2
+    z = torch.complex(u[:half].double(), u[half : 2 * half].double())
+    freq = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)
+    z = z * torch.exp(1j * position * freq)
+    return torch.cat([z.real, z.imag, u[2 * half :].double()])
+
+
 def attention_cfg(name: str, **overrides):
     """The attention's installed YAML defaults with SMALL and `overrides` on top."""
     path = importlib.resources.files("lavo_tasks.configs") / "attention" / f"{name}.yaml"

@@ -7,6 +7,9 @@ distance between them only, so a model trained at one length runs at longer ones
 
 import torch
 
+from ..kernels.backend import resolve_backend
+from ..kernels.common import KERNEL_DTYPES
+
 BASE = 10000.0
 
 
@@ -19,7 +22,21 @@ def apply_rope(x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
     rotated by position * BASE ** (-i / (d//2)). With an odd head dim the last channel
     is left as it is. Angles and the rotation are computed in fp32; the result has x's
     dtype.
+
+    Eager calls on CUDA with an int offset run the fused kernel (kernels/rope.py: one
+    launch forward and one backward, where these PyTorch ops launch about thirty);
+    torch.compile traces the ops below, which it fuses itself.
     """
+    if (isinstance(offset, int) and x.dtype in KERNEL_DTYPES and not torch.compiler.is_compiling()
+            and resolve_backend("auto", x) == "triton"):
+        from ..kernels.rope import rope_op
+
+        return rope_op(x, offset, BASE)
+    return rope_reference(x, offset)
+
+
+def rope_reference(x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
+    """`apply_rope` in PyTorch ops."""
     T, d = x.shape[1], x.shape[-1]
     half = d // 2
     inv_freq = BASE ** (-torch.arange(half, device=x.device, dtype=torch.float32) / max(half, 1))

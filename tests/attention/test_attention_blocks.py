@@ -17,23 +17,14 @@ from omegaconf import OmegaConf
 from lavo_tasks.attention import ATTENTION_NAMES, block_class, build_attention
 from lavo_tasks.attention.rope import apply_rope
 from lavo_tasks.errors import ConfigError
-from attention_cases import D_MODEL, N_HEADS, attention_cfg, make_block, padding_mask, patterns_of, supported, unsupported
+from attention_cases import (D_MODEL, N_HEADS, attention_cfg, make_block, padding_mask, patterns_of, rope_reference,
+                             supported, unsupported)
 from compare import assert_near
 
 T = 9
 
 # --------------------------------------------------------------------------------------
 # Rotary positions
-
-
-def rope_reference(u: torch.Tensor, position: int) -> torch.Tensor:
-    """One vector u [d] at `position`: channels (i, i + d//2) as the complex number
-    u_i + 1j u_{i+d/2}, multiplied by exp(1j * position * 10000 ** (-i / (d/2)))."""
-    half = u.shape[0] // 2
-    z = torch.complex(u[:half].double(), u[half : 2 * half].double())
-    freq = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)
-    z = z * torch.exp(1j * position * freq)
-    return torch.cat([z.real, z.imag, u[2 * half :].double()])
 
 
 def test_rope_hand_computed():

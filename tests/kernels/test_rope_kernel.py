@@ -1,0 +1,82 @@
+"""The fused rotary-position kernel (kernels/rope.py) against the float64 complex rotation
+of attention_cases.rope_reference, on the CPU through Triton's interpreter; on a GPU,
+`apply_rope` (which runs the kernel on CUDA tensors) against its PyTorch form."""
+
+import pytest
+import torch
+
+from lavo_tasks.attention.rope import BASE, apply_rope, rope_reference as rope_in_torch
+from lavo_tasks.kernels.rope import rope_op
+from attention_cases import rope_reference
+from compare import max_rel_error, rms_rel_error
+
+
+def rotated(x: torch.Tensor, offset: int) -> torch.Tensor:
+    """x [B, T, H, d] through the float64 reference, one vector at a time."""
+    batch, length, heads, _ = x.shape
+    return torch.stack([torch.stack([torch.stack([rope_reference(x[b, t, h], offset + t) for h in range(heads)])
+                                     for t in range(length)]) for b in range(batch)])
+
+
+# d = 1 has no pair (the channel is copied), 7 an odd last channel, 130 a half that is not
+# a power of two; offsets up to 40 keep fp32's rounding of the angle below 2e-6.
+@pytest.mark.parametrize("d", [1, 2, 7, 8, 130])
+@pytest.mark.parametrize("offset", [0, 33])
+def test_forward_and_backward_match_the_complex_rotation(d, offset):
+    g = torch.Generator().manual_seed(d + offset)
+    x = torch.randn(2, 5, 3, d, generator=g, requires_grad=True)
+    w = torch.randn(2, 5, 3, d, generator=g)
+    y = rope_op(x, offset, BASE)
+    (y * w).sum().backward()
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert max_rel_error(y, rotated(x.detach(), offset)) <= 1e-5
+    # the gradient of sum(w * R x) is R^T w: w rotated by minus each position's angle
+    batch, length, heads, _ = w.shape
+    back = torch.stack([torch.stack([torch.stack([rope_reference(w[b, t, h], -(offset + t)) for h in range(heads)])
+                                     for t in range(length)]) for b in range(batch)])
+    assert max_rel_error(x.grad, back) <= 1e-5
+
+
+def test_far_positions_round_the_angles_as_the_pytorch_form_does():
+    """At positions near 4,096 fp32 rounds an angle by up to 2e-4; the kernel takes the
+    same fp32 angles as the PyTorch form, so the two agree far closer than either does
+    with the exact rotation."""
+    x = torch.randn(1, 6, 2, 64, generator=torch.Generator().manual_seed(1))
+    got, want = rope_op(x, 4090, BASE), rope_in_torch(x, 4090)
+    assert max_rel_error(got, want) <= 2e-6
+    assert max_rel_error(want, rotated(x, 4090)) > 1e-5  # (what the exact rotation would tell apart)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_rotates_in_fp32_and_rounds_once(dtype):
+    x = torch.randn(2, 9, 2, 16, generator=torch.Generator().manual_seed(2)).to(dtype)
+    y = rope_op(x, 3, BASE)
+    assert y.dtype == dtype
+    assert rms_rel_error(y, rotated(x.float(), 3)) <= 4e-3
+
+
+def test_a_non_contiguous_input_and_no_rows():
+    x = torch.randn(3, 2, 4, 8, generator=torch.Generator().manual_seed(3)).transpose(0, 1)  # [2, 3, 4, 8] strided
+    assert max_rel_error(rope_op(x, 1, BASE), rotated(x, 1)) <= 1e-5
+    assert rope_op(torch.empty(0, 3, 4, 8), 0, BASE).shape == (0, 3, 4, 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_apply_rope_on_cuda_runs_the_kernel_and_matches_pytorch(monkeypatch, dtype):
+    calls = []
+    import lavo_tasks.kernels.rope as kernel_module
+
+    real = kernel_module.rope_rotate
+    monkeypatch.setattr(kernel_module, "rope_rotate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.randn(4, 300, 4, 64, device="cuda", generator=g).to(dtype).requires_grad_()
+    w = torch.randn(4, 300, 4, 64, device="cuda", generator=g).to(dtype)
+    (apply_rope(x, 0) * w).float().sum().backward()
+    got, grad = apply_rope(x.detach(), 0), x.grad
+    assert len(calls) == 3  # two forwards and the backward
+    x.grad = None
+    (rope_in_torch(x, 0) * w).float().sum().backward()
+    tol = 1e-5 if dtype == torch.float32 else 4e-3
+    assert rms_rel_error(got, rope_in_torch(x.detach(), 0)) <= tol
+    assert rms_rel_error(grad, x.grad) <= tol
