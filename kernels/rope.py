@@ -13,6 +13,7 @@ round the same angles; their cosines and sines may differ in the last bit.
 
 import torch
 import triton
+from torch.autograd.function import once_differentiable
 import triton.language as tl
 
 from .common import cdiv, next_pow2, shape_cache
@@ -20,7 +21,7 @@ from .common import cdiv, next_pow2, shape_cache
 ROWS = 32  # (position, head) rows per program
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["offset"])  # one compiled kernel for every decode position
 def _rope_kernel(x_ptr, y_ptr, inv_freq_ptr, R, T, H, D, HALF, offset, SIGN: tl.constexpr, ROWS: tl.constexpr,
                  BH: tl.constexpr, ODD: tl.constexpr):
     """y = rotation of x by SIGN * angle for ROWS rows of a contiguous [B*T*H, D] tensor:
@@ -60,7 +61,7 @@ def rope_rotate(x: torch.Tensor, offset: int, base: float, inverse: bool = False
         return y
     _rope_kernel[(cdiv(rows, ROWS),)](
         x, y, inv_freq_table(half, base, x.device), rows, length, heads, d, half, offset,
-        SIGN=-1.0 if inverse else 1.0, ROWS=ROWS, BH=max(next_pow2(half), 1), ODD=d % 2 == 1, num_warps=4)
+        SIGN=-1.0 if inverse else 1.0, ROWS=ROWS, BH=next_pow2(max(half, 1)), ODD=d % 2 == 1, num_warps=4)
     return y
 
 
@@ -71,6 +72,7 @@ class _Rope(torch.autograd.Function):
         return rope_rotate(x, offset, base)
 
     @staticmethod
+    @once_differentiable  # (a double backward raises rather than returning a detached gradient)
     def backward(ctx, dy):
         return rope_rotate(dy, ctx.offset, ctx.base, inverse=True), None, None
 

@@ -27,8 +27,8 @@ def apply_rope(x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
     launch forward and one backward, where these PyTorch ops launch about thirty);
     torch.compile traces the ops below, which it fuses itself.
     """
-    if (isinstance(offset, int) and x.dtype in KERNEL_DTYPES and not torch.compiler.is_compiling()
-            and resolve_backend("auto", x) == "triton"):
+    if (x.is_cuda and isinstance(offset, int) and x.dtype in KERNEL_DTYPES and not torch.compiler.is_compiling()
+            and resolve_backend("auto", x) == "triton"):  # (LAVO_TASKS_BACKEND=torch keeps PyTorch's ops)
         from ..kernels.rope import rope_op
 
         return rope_op(x, offset, BASE)
