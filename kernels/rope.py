@@ -13,8 +13,8 @@ round the same angles; their cosines and sines may differ in the last bit.
 
 import torch
 import triton
-from torch.autograd.function import once_differentiable
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from .common import cdiv, next_pow2, shape_cache
 
