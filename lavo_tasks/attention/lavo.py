@@ -119,12 +119,12 @@ class LavoAttention(AttentionBlock):
     def _queries(self, x: torch.Tensor, offset: int) -> torch.Tensor:
         """x [B, T, D] at positions offset.. -> q [B, T, H, d] (rotated in self-attention)."""
         q = self.split_heads(self.q_proj(x))
-        return q if self.cross else apply_rope(q, offset)
+        return q if self.cross else apply_rope(q, offset, self.backend)
 
     def _keys_values(self, source: torch.Tensor, offset: int = 0):
         """source [B, S, D] at positions offset.. -> k, v [B, S, H, d] (k rotated in self-attention)."""
         k, v = self.split_heads(self.k_proj(source)), self.split_heads(self.v_proj(source))
-        return (k if self.cross else apply_rope(k, offset)), v
+        return (k if self.cross else apply_rope(k, offset, self.backend)), v
 
     def _whole(self, x, source, key_mask):
         o = lavo_attn(

@@ -7,13 +7,13 @@ distance between them only, so a model trained at one length runs at longer ones
 
 import torch
 
-from ..kernels.backend import resolve_backend
+from ..kernels.backend import resolve_backend, run_triton
 from ..kernels.common import KERNEL_DTYPES
 
 BASE = 10000.0
 
 
-def apply_rope(x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, offset: int | torch.Tensor = 0, backend: str = "auto") -> torch.Tensor:
     """Rotate x [B, T, H, d] as if its positions were offset, offset+1, ..., offset+T-1.
     `offset` is an int or a 0-dim long tensor on x's device (a captured decode step reads
     its position from the device).
@@ -24,14 +24,19 @@ def apply_rope(x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
     dtype.
 
     Eager calls on CUDA with an int offset run the fused kernel (kernels/rope.py: one
-    launch forward and one backward, where these PyTorch ops launch about thirty);
-    torch.compile traces the ops below, which it fuses itself.
+    launch forward and one backward, where these PyTorch ops launch about thirty) unless
+    `backend` (the block's, as the ops take it; LAVO_TASKS_BACKEND for "auto") says
+    torch; torch.compile traces the ops below, which it fuses itself.
     """
     if (x.is_cuda and isinstance(offset, int) and x.dtype in KERNEL_DTYPES and not torch.compiler.is_compiling()
-            and resolve_backend("auto", x) == "triton"):  # (LAVO_TASKS_BACKEND=torch keeps PyTorch's ops)
-        from ..kernels.rope import rope_op
+            and resolve_backend(backend, x) == "triton"):
 
-        return rope_op(x, offset, BASE)
+        def kernel():
+            from ..kernels.rope import rope_op
+
+            return rope_op(x, offset, BASE)
+
+        return run_triton(backend, "apply_rope", kernel, lambda: rope_reference(x, offset))
     return rope_reference(x, offset)
 
 

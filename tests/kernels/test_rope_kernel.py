@@ -86,6 +86,8 @@ def test_apply_rope_on_cuda_runs_the_kernel_and_matches_pytorch(monkeypatch, dty
     (apply_rope(x, 0) * w).float().sum().backward()
     got, grad = apply_rope(x.detach(), 0), x.grad
     assert len(calls) == 3  # two forwards and the backward
+    apply_rope(x.detach(), 0, backend="torch")  # (a block's backend=torch keeps PyTorch's ops)
+    assert len(calls) == 3
     x.grad = None
     (rope_in_torch(x, 0) * w).float().sum().backward()
     tol = 1e-5 if dtype == torch.float32 else 4e-3
