@@ -71,6 +71,9 @@ def main_with_signal(monkeypatch, args, step, signum=signal.SIGINT) -> int:
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_before_the_first_validation_writes_last_ckpt_and_resume_is_exact(tiny_task, tmp_path, monkeypatch,
                                                                                    capsys, signum):
+    # (what the process started with: Python's default_int_handler, or SIG_IGN under a
+    # shell that starts background jobs with SIGINT ignored)
+    sigint_before = signal.getsignal(signal.SIGINT)
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     expected = train.run(["task=tiny", f"run.dir={straight}", "trainer.max_steps=8"])
     capsys.readouterr()
@@ -83,7 +86,7 @@ def test_a_signal_before_the_first_validation_writes_last_ckpt_and_resume_is_exa
     assert "run.resume=last" in err.splitlines()[-1]
     assert last_step(stopped) == 2
     assert not (stopped / "metrics.json").exists() and not (stopped / "metrics.jsonl").exists()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
+    assert signal.getsignal(signal.SIGINT) is sigint_before  # the handlers are put back
 
     resumed = train.run([f"run.dir={stopped}", "run.resume=last"])
     assert TRAIN_LOADER_STARTS == [0, 0, 2]  # the resumed run continued at step 2
