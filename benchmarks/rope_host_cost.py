@@ -13,6 +13,7 @@ the median of the rounds.
 """
 
 import argparse
+import os
 import statistics
 import sys
 from unittest import mock
@@ -51,14 +52,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50, help="timed forward+backward calls per round")
     args = parser.parse_args(argv)
-    import lavo_tasks.attention.rope as rope_module
-
     results = {}
     for _ in range(5):
         for name, fwd_bwd in cases().items():
             for form in ("kernel", "PyTorch"):
                 backend = "triton" if form == "kernel" else "torch"
-                with mock.patch.object(rope_module, "resolve_backend", lambda *_, b=backend: b):
+                with mock.patch.dict(os.environ, {"LAVO_TASKS_BACKEND": backend}):  # (the blocks pass "auto")
                     results.setdefault((name, form), []).append(cuda_us(fwd_bwd, args.calls))
     print("| case | rotation | host µs | wall µs | GPU-kernel µs |")
     print("|---|---|---|---|---|")

@@ -7,8 +7,9 @@ their concatenation and the gradients of each); a self-attention layer rotates i
 queries and its keys. Here
 one kernel rotates a [B, T, H, d] tensor and the backward is the same kernel rotating the
 gradient back (a rotation's transpose is the rotation by minus the angle). The angles
-are position * inv_freq in fp32, inv_freq the PyTorch form's own fp32 table, so both
-round the same angles; their cosines and sines may differ in the last bit.
+are position * inv_freq in fp32, inv_freq the PyTorch form's own fp32 table (the caller
+passes it), so both round the same angles; their cosines and sines may differ in the
+last bit.
 """
 
 import torch
@@ -16,7 +17,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from .common import cdiv, next_pow2, shape_cache
+from .common import cdiv, next_pow2
 
 ROWS = 32  # (position, head) rows per program
 
@@ -44,14 +45,9 @@ def _rope_kernel(x_ptr, y_ptr, inv_freq_ptr, R, T, H, D, HALF, offset, SIGN: tl.
         tl.store(y_ptr + last, tl.load(x_ptr + last, mask=row_ok), mask=row_ok)
 
 
-@shape_cache(maxsize=16)
-def inv_freq_table(half: int, base: float, device: torch.device) -> torch.Tensor:
-    """[half] fp32: base ** (-i / half), as the PyTorch form computes it."""
-    return base ** (-torch.arange(half, device=device, dtype=torch.float32) / max(half, 1))
-
-
-def rope_rotate(x: torch.Tensor, offset: int, base: float, inverse: bool = False) -> torch.Tensor:
-    """x [B, T, H, d] rotated as at positions offset.. (inverse: rotated back), in x's dtype."""
+def rope_rotate(x: torch.Tensor, offset: int, inv_freq: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """x [B, T, H, d] rotated as at positions offset.. (inverse: rotated back), in x's
+    dtype; inv_freq [d // 2] fp32 on x's device: each channel pair's angle per position."""
     batch, length, heads, d = x.shape
     half = d // 2
     x = x.contiguous()
@@ -60,23 +56,24 @@ def rope_rotate(x: torch.Tensor, offset: int, base: float, inverse: bool = False
     if rows == 0:
         return y
     _rope_kernel[(cdiv(rows, ROWS),)](
-        x, y, inv_freq_table(half, base, x.device), rows, length, heads, d, half, offset,
+        x, y, inv_freq, rows, length, heads, d, half, offset,
         SIGN=-1.0 if inverse else 1.0, ROWS=ROWS, BH=next_pow2(max(half, 1)), ODD=d % 2 == 1, num_warps=4)
     return y
 
 
 class _Rope(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, offset, base):
-        ctx.offset, ctx.base = offset, base
-        return rope_rotate(x, offset, base)
+    def forward(ctx, x, offset, inv_freq):
+        ctx.offset, ctx.inv_freq = offset, inv_freq
+        return rope_rotate(x, offset, inv_freq)
 
     @staticmethod
     @once_differentiable  # (a double backward raises rather than returning a detached gradient)
     def backward(ctx, dy):
-        return rope_rotate(dy, ctx.offset, ctx.base, inverse=True), None, None
+        return rope_rotate(dy, ctx.offset, ctx.inv_freq, inverse=True), None, None
 
 
-def rope_op(x: torch.Tensor, offset: int, base: float) -> torch.Tensor:
-    """x [B, T, H, d] rotated as at positions offset.., offset + T - 1, differentiable."""
-    return _Rope.apply(x, offset, base)
+def rope_op(x: torch.Tensor, offset: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H, d] rotated as at positions offset.., offset + T - 1, differentiable
+    (inv_freq as `rope_rotate` takes it)."""
+    return _Rope.apply(x, offset, inv_freq)

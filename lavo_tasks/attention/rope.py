@@ -8,9 +8,17 @@ distance between them only, so a model trained at one length runs at longer ones
 import torch
 
 from ..kernels.backend import resolve_backend, run_triton
-from ..kernels.common import KERNEL_DTYPES
+from ..kernels.common import KERNEL_DTYPES, shape_cache
 
 BASE = 10000.0
+
+
+def inv_freq(half: int, device: torch.device) -> torch.Tensor:
+    """[half] fp32: BASE ** (-i / half), channel pair i's angle per position."""
+    return BASE ** (-torch.arange(half, device=device, dtype=torch.float32) / max(half, 1))
+
+
+inv_freq_table = shape_cache(maxsize=16)(inv_freq)  # the kernel's, built once per head dim and device
 
 
 def apply_rope(x: torch.Tensor, offset: int | torch.Tensor = 0, backend: str = "auto") -> torch.Tensor:
@@ -34,7 +42,7 @@ def apply_rope(x: torch.Tensor, offset: int | torch.Tensor = 0, backend: str = "
         def kernel():
             from ..kernels.rope import rope_op
 
-            return rope_op(x, offset, BASE)
+            return rope_op(x, offset, inv_freq_table(x.shape[-1] // 2, x.device))
 
         return run_triton(backend, "apply_rope", kernel, lambda: rope_reference(x, offset))
     return rope_reference(x, offset)
@@ -44,9 +52,8 @@ def rope_reference(x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Ten
     """`apply_rope` in PyTorch ops."""
     T, d = x.shape[1], x.shape[-1]
     half = d // 2
-    inv_freq = BASE ** (-torch.arange(half, device=x.device, dtype=torch.float32) / max(half, 1))
     positions = offset + torch.arange(T, device=x.device, dtype=torch.float32)
-    angles = positions[:, None] * inv_freq[None, :]  # [T, half]
+    angles = positions[:, None] * inv_freq(half, x.device)[None, :]  # [T, half]
     cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]  # [T, 1, half]: broadcast over B and H
     xf = x.float()
     x1, x2, rest = xf[..., :half], xf[..., half : 2 * half], xf[..., 2 * half :]
