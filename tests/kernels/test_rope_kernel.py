@@ -96,3 +96,28 @@ def test_apply_rope_on_cuda_runs_the_kernel_and_matches_pytorch(monkeypatch, dty
     tol = 1e-5 if dtype == torch.float32 else 4e-3
     assert rms_rel_error(got, rope_in_torch(x.detach(), 0)) <= tol
     assert rms_rel_error(grad, x.grad) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [7, 130])
+@pytest.mark.parametrize("offset", [1, 4090, 100_000])
+def test_the_compiled_kernel_at_far_offsets_odd_and_wide_heads(d, offset, dtype):
+    """The compiled kernel's sines and cosines (which the interpreter does not run) against
+    torch's on the same fp32 angles: the PyTorch form in fp32 is the reference for every
+    dtype, forward and backward, at offsets where fp32 angles are coarse."""
+    g = torch.Generator(device="cuda").manual_seed(d + offset)
+    x32 = torch.randn(2, 70, 3, d, device="cuda", generator=g)
+    w32 = torch.randn(2, 70, 3, d, device="cuda", generator=g).to(dtype).float()  # (the backward gets w in dtype)
+    x = x32.to(dtype).requires_grad_()
+    y = rope_op(x, offset)
+    (y.float() * w32).sum().backward()
+    want = rope_in_torch(x.detach().float(), offset)
+    # R^T w: w rotated back, which the PyTorch form gives as the gradient of sum(w * R x)
+    x_ref = x.detach().float().requires_grad_()
+    (rope_in_torch(x_ref, offset) * w32).sum().backward()
+    tol = 2e-6 if dtype == torch.float32 else torch.finfo(dtype).eps  # one rounding of the fp32 result
+    assert max_rel_error(y.float(), want) <= tol
+    assert max_rel_error(x.grad.float(), x_ref.grad) <= tol
+    if d % 2:  # the last channel has no pair and is copied
+        assert torch.equal(y[..., -1], x.detach()[..., -1])
