@@ -25,10 +25,17 @@ os.environ["OMP_NUM_THREADS"] = str(_THREADS)
 @pytest.fixture(autouse=True, scope="session")
 def default_data_cache(tmp_path_factory):
     """The default-data cache (lavo_tasks.default_data) of the whole session: a temporary
-    folder, never the user's own cache; the runs a test starts as processes inherit it."""
+    folder, never the user's own cache; the runs a test starts as processes inherit it.
+    pytest-xdist's workers share one (their base folders' parent is the session's), so a
+    default dataset is built once per session rather than once per worker; two workers
+    that build the same one at once both finish, as two runs would."""
     from lavo_tasks.default_data import CACHE_ENV
 
-    folder = tmp_path_factory.mktemp("default-data")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.getbasetemp().parent / "default-data"
+        folder.mkdir(exist_ok=True)
+    else:
+        folder = tmp_path_factory.mktemp("default-data")
     saved = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = str(folder)
     yield folder
