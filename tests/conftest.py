@@ -26,13 +26,14 @@ os.environ["OMP_NUM_THREADS"] = str(_THREADS)
 def default_data_cache(tmp_path_factory):
     """The default-data cache (lavo_tasks.default_data) of the whole session: a temporary
     folder, never the user's own cache; the runs a test starts as processes inherit it.
-    pytest-xdist's workers share one (their base folders' parent is the session's), so a
-    default dataset is built once per session rather than once per worker; two workers
-    that build the same one at once both finish, as two runs would."""
+    pytest-xdist's local workers share one (each one's base folder, popen-gwN, is inside
+    the session's), so a default dataset is built once per session rather than once per
+    worker; two workers that build the same one at once both finish, as two runs would."""
     from lavo_tasks.default_data import CACHE_ENV
 
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        folder = tmp_path_factory.getbasetemp().parent / "default-data"
+    base = tmp_path_factory.getbasetemp()
+    if base.name.startswith("popen-gw"):
+        folder = base.parent / "default-data"
         folder.mkdir(exist_ok=True)
     else:
         folder = tmp_path_factory.mktemp("default-data")
