@@ -16,10 +16,13 @@ def rope_op(x: torch.Tensor, offset: int) -> torch.Tensor:
     return kernel_module.rope_op(x, offset, inv_freq(x.shape[-1] // 2, x.device))
 
 
-def rotated(x: torch.Tensor, offset: int) -> torch.Tensor:
-    """x [B, T, H, d] through the float64 reference, one vector at a time."""
+def rotated(x: torch.Tensor, offset: int, back: bool = False) -> torch.Tensor:
+    """x [B, T, H, d] through the float64 reference, one vector at a time, at positions
+    offset + t (back: rotated by minus those positions' angles)."""
     batch, length, heads, _ = x.shape
-    return torch.stack([torch.stack([torch.stack([rope_reference(x[b, t, h], offset + t) for h in range(heads)])
+    sign = -1 if back else 1
+    return torch.stack([torch.stack([torch.stack([rope_reference(x[b, t, h], sign * (offset + t))
+                                                  for h in range(heads)])
                                      for t in range(length)]) for b in range(batch)])
 
 
@@ -36,10 +39,7 @@ def test_forward_and_backward_match_the_complex_rotation(d, offset):
     assert y.dtype == x.dtype and y.shape == x.shape
     assert max_rel_error(y, rotated(x.detach(), offset)) <= 1e-5
     # the gradient of sum(w * R x) is R^T w: w rotated by minus each position's angle
-    batch, length, heads, _ = w.shape
-    back = torch.stack([torch.stack([torch.stack([rope_reference(w[b, t, h], -(offset + t)) for h in range(heads)])
-                                     for t in range(length)]) for b in range(batch)])
-    assert max_rel_error(x.grad, back) <= 1e-5
+    assert max_rel_error(x.grad, rotated(w, offset, back=True)) <= 1e-5
 
 
 def test_far_positions_round_the_angles_as_the_pytorch_form_does():
