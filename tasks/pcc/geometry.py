@@ -5,14 +5,16 @@ Nothing here loops over points in Python: FPS loops over the samples it draws (e
 step vectorised over the batch and all points), the distance functions loop over chunks
 of query points so that at most `max_elements` pairwise distances exist at once (a 16K x
 16K matrix would be 1 GiB per cloud in fp32): by default MAX_ELEMENTS on the CPU and
-MAX_ELEMENTS_CUDA on a GPU, where fewer, larger chunks save kernel launches. On the CPU
-Chamfer's nearest neighbours come from open3d's k-d tree instead, one search per cloud:
-it visits a few dozen candidates per point where the matmul form visits all of them.
+MAX_ELEMENTS_CUDA on a GPU, where fewer, larger chunks save kernel launches. Chamfer's
+nearest neighbours come from open3d's k-d tree on the CPU (one search per cloud: it visits
+a few dozen candidates per point where the matmul form visits all of them) and from one
+Triton kernel on CUDA (kernels/nearest.py: no pairwise matrix is written).
 """
 
 import numpy as np
 import torch
 
+from ...kernels.nearest import nearest_index
 from ...open3d import load as load_open3d
 
 # Pairwise distances held at once by the chunked functions: 64 MiB of fp32 on the CPU,
@@ -110,11 +112,16 @@ def nearest_by_tree(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def nearest_squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[B, N]: the squared distance from each point of a [B, N, 3] to its nearest point of
     b [B, M, 3]. The nearest point is found without gradient (`nearest_by_tree` on the
-    CPU, `nearest_by_matmul` elsewhere); the distance is then recomputed from the two
-    points' difference, so it is exact (0 for a point of a that is in b) and its gradient
-    flows to both clouds."""
-    search = nearest_by_tree if a.device.type == "cpu" else nearest_by_matmul
-    nearest = search(a, b)  # [B, N]
+    CPU, the Triton kernel `nearest_index` on CUDA, `nearest_by_matmul` for float64 CUDA
+    clouds and other devices); the distance is then recomputed from the two points'
+    difference, so it is exact (0 for a point of a that is in b) and its gradient flows
+    to both clouds."""
+    if a.device.type == "cpu":
+        nearest = nearest_by_tree(a, b)  # [B, N]
+    elif a.is_cuda and torch.float64 not in (a.dtype, b.dtype):
+        nearest = nearest_index(a, b)
+    else:
+        nearest = nearest_by_matmul(a, b)
     return (a - gather_points(b, nearest)).square().sum(-1)
 
 
