@@ -6,8 +6,9 @@
 
 Per shape (batch, query points, candidate points): the median ms of each search
 (triton.testing.do_bench), and the largest amount by which a search's squared distances
-exceed the nearest of either search (0: it found the nearest point every time, up to
-fp32 rounding of the distance itself).
+exceed the smallest that any of the searches found for the same query (the kernel
+settings share their fp32 arithmetic, so this compares the searches with each other; the
+tests hold the kernel to a float64 search over every pair).
 """
 
 import argparse
@@ -20,9 +21,10 @@ import triton
 from lavo_tasks.kernels import nearest
 from lavo_tasks.tasks.pcc.geometry import gather_points, nearest_by_matmul
 
-# (batch, n, m): the dense prediction against the truth both ways (cab: 14,336 folded
-# points plus the 2,048 input points; 16,384 true points), the coarse points against the truth
-SHAPES = [(32, 16384, 16384), (32, 224, 16384)]
+# (batch, n, m): the dense prediction against the truth (cab: 14,336 folded points plus the
+# 2,048 input points; 16,384 true points; the other way has the same shape), then the
+# coarse cloud (224 query points and the 128 proxies) against the truth and back
+SHAPES = [(32, 16384, 16384), (32, 352, 16384), (32, 16384, 352)]
 VARIANTS = list(itertools.product([32, 64, 128], [32, 64, 128], [4, 8]))  # BLOCK_N, BLOCK_M, warps
 
 
@@ -36,7 +38,7 @@ def kernel_search(block_n: int, block_m: int, warps: int):
     return search
 
 
-def squared(a, b, index):
+def found_distances(a, b, index):
     return (a - gather_points(b, index)).square().sum(-1)
 
 
@@ -52,10 +54,10 @@ def main() -> None:
         b = torch.rand(batch, m, 3, device="cuda", generator=g)
         searches = {"matmul form": nearest_by_matmul}
         searches.update({f"kernel {bn}x{bm}, {w} warps": kernel_search(bn, bm, w) for bn, bm, w in VARIANTS})
-        found = {name: squared(a, b, search(a, b)) for name, search in searches.items()}
+        found = {name: found_distances(a, b, search(a, b)) for name, search in searches.items()}
         best = torch.stack(list(found.values())).min(dim=0).values
         for name, search in searches.items():
-            ms = triton.testing.do_bench(lambda s=search: s(a, b), warmup=50, rep=300)
+            ms = triton.testing.do_bench(lambda s=search: s(a, b), warmup=50, rep=300, return_mode="median")
             excess = (found[name] - best).max().item()
             lines.append(f"| {batch} x {n} x {m} | {name} | {ms:.3f} | {excess:.2e} |")
             print(lines[-1], flush=True)

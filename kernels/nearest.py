@@ -1,5 +1,6 @@
 """Nearest-neighbour search between 3-D point clouds in one Triton kernel: `nearest_index`,
-what point-cloud completion's Chamfer distance and F-score run on CUDA tensors.
+what point-cloud completion's Chamfer loss runs on CUDA tensors (its metrics search in
+float64, by the matmul form).
 
 The matmul form (tasks/pcc/geometry.py, `nearest_by_matmul`) writes a [B, n, m] matrix
 of |b|^2 - 2 a.b in chunks, expands |b|^2 into it first and reads it again for the
@@ -18,8 +19,9 @@ import triton.language as tl
 
 from .common import cdiv, interpreted
 
-# The launch setting fastest at pcc's cab shapes among 18 timed (BLOCK_N and BLOCK_M 32-128,
-# 4 or 8 warps; `benchmarks/nearest_cost.py`, docs/benchmarks.md "Point cloud completion (pcc)").
+# The launch setting fastest at pcc's dense cab shape (16,384 points against 16,384) among 18
+# timed (BLOCK_N and BLOCK_M 32-128, 4 or 8 warps; `benchmarks/nearest_cost.py`,
+# docs/benchmarks.md "Point cloud completion (pcc)").
 BLOCK_N = 32  # query points per program
 BLOCK_M = 64  # candidates compared with them per step
 WARPS = 4
@@ -29,7 +31,7 @@ WHILE_LOOPS = interpreted()
 
 
 @triton.jit
-def _compare(best, best_index, start, b_cloud, ax, ay, az, M, lanes):
+def _keep_nearer(best, best_index, start, b_cloud, ax, ay, az, M, lanes):
     """best, best_index [BLOCK_N, BLOCK_M] after the candidates start.. start + BLOCK_M - 1."""
     cols = start + lanes
     col_ok = cols < M
@@ -62,11 +64,11 @@ def _nearest_kernel(a_ptr, b_ptr, out_ptr, N, M, BLOCK_N: tl.constexpr, BLOCK_M:
     if WHILE_LOOPS:
         start = 0
         while start < M:
-            best, best_index = _compare(best, best_index, start, b_cloud, ax, ay, az, M, lanes)
+            best, best_index = _keep_nearer(best, best_index, start, b_cloud, ax, ay, az, M, lanes)
             start += BLOCK_M
     else:
         for start in range(0, M, BLOCK_M):
-            best, best_index = _compare(best, best_index, start, b_cloud, ax, ay, az, M, lanes)
+            best, best_index = _keep_nearer(best, best_index, start, b_cloud, ax, ay, az, M, lanes)
     lane = tl.argmin(best, axis=1)  # [BLOCK_N]
     picked = tl.sum(tl.where(lanes[None, :] == lane[:, None], best_index, 0), axis=1)
     tl.store(out_ptr + batch * N + rows, picked.to(tl.int64), mask=row_ok)
@@ -76,7 +78,9 @@ def nearest_index(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Indices [B, N] (int64) of the point of b [B, M, 3] nearest to each point of
     a [B, N, 3] (ties: any of the equally near), searched in fp32; no gradient. a and
     b on one device (CUDA, or the CPU under Triton's interpreter); M >= 1. Float64
-    clouds raise NotImplementedError (the kernel compares in fp32)."""
+    clouds raise NotImplementedError (the kernel compares in fp32). A candidate at a NaN
+    distance is never kept, so a query with a NaN coordinate (or only NaN candidates)
+    gets index 0, where the matmul form's argmin would pick a NaN."""
     if a.dtype == torch.float64 or b.dtype == torch.float64:
         raise NotImplementedError("nearest_index searches in fp32; float64 clouds take the matmul form")
     if a.shape[0] != b.shape[0] or a.shape[-1] != 3 or b.shape[-1] != 3 or b.shape[1] == 0:

@@ -7,14 +7,15 @@ of query points so that at most `max_elements` pairwise distances exist at once 
 16K matrix would be 1 GiB per cloud in fp32): by default MAX_ELEMENTS on the CPU and
 MAX_ELEMENTS_CUDA on a GPU, where fewer, larger chunks save kernel launches. Chamfer's
 nearest neighbours come from open3d's k-d tree on the CPU (one search per cloud: it visits
-a few dozen candidates per point where the matmul form visits all of them) and from one
-Triton kernel on CUDA (kernels/nearest.py: no pairwise matrix is written).
+a few dozen candidates per point where the matmul form visits all of them) and, for the
+training loss's fp32 clouds on CUDA, from one Triton kernel (kernels/nearest.py: no
+pairwise matrix is written); the metrics' float64 clouds on CUDA take the matmul form.
 """
 
 import numpy as np
 import torch
 
-from ...kernels.nearest import nearest_index
+from ...kernels.backend import run_triton
 from ...open3d import load as load_open3d
 
 # Pairwise distances held at once by the chunked functions: 64 MiB of fp32 on the CPU,
@@ -109,17 +110,27 @@ def nearest_by_tree(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(nearest)
 
 
+def nearest_by_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`nearest_by_matmul` for fp32 / bf16 / fp16 CUDA clouds through one Triton kernel
+    (kernels/nearest.py), searched in fp32; where Triton cannot be imported, the matmul
+    form with a RuntimeWarning."""
+    def kernel():
+        from ...kernels.nearest import nearest_index  # imports Triton: only where it runs
+        return nearest_index(a, b)
+    return run_triton("auto", "nearest_by_kernel", kernel, lambda: nearest_by_matmul(a, b))
+
+
 def nearest_squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[B, N]: the squared distance from each point of a [B, N, 3] to its nearest point of
     b [B, M, 3]. The nearest point is found without gradient (`nearest_by_tree` on the
-    CPU, the Triton kernel `nearest_index` on CUDA, `nearest_by_matmul` for float64 CUDA
-    clouds and other devices); the distance is then recomputed from the two points'
-    difference, so it is exact (0 for a point of a that is in b) and its gradient flows
-    to both clouds."""
+    CPU, `nearest_by_kernel` for CUDA clouds of at most fp32, `nearest_by_matmul` for
+    float64 ones, as the metrics pass, and on other devices); the distance is then
+    recomputed from the two points' difference, so it is exact (0 for a point of a that
+    is in b) and its gradient flows to both clouds."""
     if a.device.type == "cpu":
         nearest = nearest_by_tree(a, b)  # [B, N]
     elif a.is_cuda and torch.float64 not in (a.dtype, b.dtype):
-        nearest = nearest_index(a, b)
+        nearest = nearest_by_kernel(a, b)
     else:
         nearest = nearest_by_matmul(a, b)
     return (a - gather_points(b, nearest)).square().sum(-1)

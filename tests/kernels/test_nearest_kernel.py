@@ -34,13 +34,19 @@ def test_the_kernel_finds_the_nearest_point(n, m):
 
 def test_points_in_both_clouds_and_ties():
     g = torch.Generator().manual_seed(3)
-    a, b = torch.rand(2, 150, 3, generator=g), torch.rand(2, 130, 3, generator=g)
-    a[:, :40] = b[:, 90:]   # a's first 40 points are b's last 40 (in the last candidate block)
-    b[1, 20:60] = b[1, 5]   # one cloud with 41 copies of a point (ties across lanes and blocks)
+    m = 2 * BLOCK_M + 2  # candidate blocks: two whole ones and two candidates
+    a, b = torch.rand(2, 150, 3, generator=g), torch.rand(2, m, 3, generator=g)
+    # one cloud with copies of a point in every block and in several lanes: ties
+    copies = [5, BLOCK_M - 1, BLOCK_M + 3, BLOCK_M + 5, 2 * BLOCK_M + 1]
+    b[1, copies] = b[1, 5].clone()
+    a[:, :40] = b[:, m - 40:]  # a's first 40 points are b's last 40, spanning the blocks' ends
     a[1, 40] = b[1, 5]
     index = nearest_index(a, b)
-    assert index[:, :40].tolist() == [list(range(90, 130))] * 2
-    assert index[1, 40].item() in [5, *range(20, 60)]
+    assert index[0, :40].tolist() == list(range(m - 40, m))
+    for i in range(40):  # the same point, or a copy of it
+        j = m - 40 + i
+        assert index[1, i].item() in (copies if j in copies else [j])
+    assert index[1, 40].item() in copies
     torch.testing.assert_close(distances_at(a, b, index), nearest_distances(a, b), rtol=1e-6, atol=1e-12)
 
 
@@ -85,3 +91,18 @@ def test_chamfer_on_cuda_matches_the_full_search():
     index = nearest_index(prediction, truth)
     torch.testing.assert_close(distances_at(prediction, truth, index), nearest_distances(prediction, truth),
                                rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp32_cuda_clouds_take_the_kernel_and_float64_ones_the_matmul_form(monkeypatch):
+    from lavo_tasks.kernels import nearest
+    from lavo_tasks.tasks.pcc import geometry
+    calls, kernel, matmul = [], nearest.nearest_index, geometry.nearest_by_matmul
+    monkeypatch.setattr(nearest, "nearest_index", lambda a, b: calls.append("kernel") or kernel(a, b))
+    monkeypatch.setattr(geometry, "nearest_by_matmul",
+                        lambda a, b, max_elements=None: calls.append("matmul") or matmul(a, b, max_elements))
+    a, b = torch.rand(1, 50, 3, device="cuda"), torch.rand(1, 60, 3, device="cuda")
+    geometry.nearest_squared_distances(a, b)
+    geometry.nearest_squared_distances(a.double(), b.double())
+    assert calls == ["kernel", "matmul"]

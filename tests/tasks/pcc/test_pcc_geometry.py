@@ -1,12 +1,14 @@
 """FPS and kNN against brute-force loops; Chamfer and F-score against hand-computed values."""
 
 import math
+import sys
 
 import pytest
 import torch
 
 from lavo_tasks.tasks.pcc.geometry import (chamfer_l1_loss, chamfer_squared, farthest_point_sample, gather_points,
-                                           knn, nearest_by_matmul, nearest_by_tree, nearest_squared_distances)
+                                           knn, nearest_by_kernel, nearest_by_matmul, nearest_by_tree,
+                                           nearest_squared_distances)
 from lavo_tasks.tasks.pcc.metrics import CompletionScores, completion_metrics
 
 
@@ -111,6 +113,16 @@ def test_both_nearest_searches_find_the_nearest_point(dtype):
         torch.testing.assert_close(found, dense, **rel, msg=lambda m: f"{name}: {m}")
     assert torch.all(nearest_squared_distances(a, b)[:, :50] == 0)
     torch.testing.assert_close(nearest_squared_distances(a, b).double(), dense, **rel)
+
+
+def test_without_triton_the_kernel_search_takes_the_matmul_form(monkeypatch):
+    monkeypatch.setitem(sys.modules, "lavo_tasks.kernels.nearest", None)  # its import now fails
+    g = torch.Generator().manual_seed(8)
+    a, b = torch.rand(2, 30, 3, generator=g), torch.rand(2, 20, 3, generator=g)
+    with pytest.warns(RuntimeWarning, match="nearest_by_kernel: Triton path unavailable"):
+        nearest = nearest_by_kernel(a, b)
+    found = (a.double() - gather_points(b.double(), nearest)).square().sum(-1)
+    torch.testing.assert_close(found, _brute_nearest(a, b), rtol=1e-5, atol=1e-9)
 
 
 def test_the_tree_search_takes_bf16_clouds_and_one_point_clouds():
