@@ -10,6 +10,8 @@
 # COMMIT: the code measured (bench_e2e's commit=; default: the checkout's short hash).
 # TTS_DATA: a folder in the LJSpeech layout for tts (default: the embedded espeak set,
 # built once per machine into the default-data cache).
+# PCC_BATCH: for pcc, a file that `bench_e2e task=pcc save_batch=FILE` wrote on a machine
+# with open3d (the GPU machine has none to read pcc's data); its runs measure on it.
 # lm needs a corpus long enough for the cab context (8,192 tokens a sample, 8 samples in
 # its test split), summarization one whose sources fill the cab preset's 4,096 positions
 # (the embedded docstrings take about 256): LM_DATA, a folder with train.txt, valid.txt and
@@ -28,9 +30,9 @@ STEPS=${STEPS:-20}
 LIMIT=${LIMIT:-150}
 PYTHON=${PYTHON:-python}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-for path in "$OUT" "${LM_DATA:-}" "${TTS_DATA:-}" "${SUM_DATA:-}"; do
+for path in "$OUT" "${LM_DATA:-}" "${TTS_DATA:-}" "${SUM_DATA:-}" "${PCC_BATCH:-}"; do
   if [[ "$path" == *" "* ]]; then
-    echo "e2e_steps.sh: '$path': OUT, LM_DATA, TTS_DATA and SUM_DATA must be paths without spaces" >&2
+    echo "e2e_steps.sh: '$path': OUT, LM_DATA, TTS_DATA, SUM_DATA and PCC_BATCH must be paths without spaces" >&2
     exit 2
   fi
 done
@@ -57,7 +59,8 @@ fi
 
 declare -A DATA=([lm]="data.path=${LM_DATA:-} data.tokenizer=bpe data.vocab_size=32000 data.batch_size=4"
                  [summarization]="$SUM_ARGS"
-                 [tts]="${TTS_DATA:+data.path=$TTS_DATA}")
+                 [tts]="${TTS_DATA:+data.path=$TTS_DATA}"
+                 [pcc]="${PCC_BATCH:+batch=$PCC_BATCH}")
 status=0
 for task in $TASKS; do
   for mode in $MODES; do
