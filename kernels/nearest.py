@@ -20,7 +20,7 @@ import triton.language as tl
 from .common import cdiv, interpreted
 
 # The launch setting fastest at pcc's dense cab shape (16,384 points against 16,384) among 18
-# timed (BLOCK_N and BLOCK_M 32-128, 4 or 8 warps; `benchmarks/nearest_cost.py`,
+# timed (BLOCK_N and BLOCK_M 32-128, 4 or 8 warps; `benchmarks/pcc_geometry_cost.py`,
 # docs/benchmarks.md "Point cloud completion (pcc)").
 BLOCK_N = 32  # query points per program
 BLOCK_M = 64  # candidates compared with them per step

@@ -1,0 +1,109 @@
+"""pcc's geometry kernels on a GPU against the PyTorch forms they replace or may replace,
+at the cab (and default) presets' shapes, with the results compared.
+
+    python benchmarks/pcc_geometry_cost.py [--only nearest|fps] [--out FILE]
+
+nearest: the nearest-neighbour kernel (kernels/nearest.py) at each launch setting against
+the matmul form it replaced on CUDA (`nearest_by_matmul`). Per shape (batch, query points,
+candidate points): the median ms of each search, and the largest amount by which a
+search's squared distances exceed the smallest that any of the searches found for the
+same query (the kernel settings share their fp32 arithmetic, so this compares the
+searches with each other; the tests hold the kernel to a float64 search over every pair).
+
+fps: the farthest-point-sampling kernel (kernels/fps.py) against the PyTorch loop
+(`farthest_point_sample`). Per shape (batch, points, samples): the median ms of a call of
+each (calls back to back: a loop whose launches the host cannot issue as fast as the GPU
+runs them is timed at the host's pace, as in a training step), and whether the kernel drew
+the same indices as the loop.
+
+Times: triton.testing.do_bench medians.
+"""
+
+import argparse
+import itertools
+from pathlib import Path
+
+import torch
+import triton
+
+from lavo_tasks.kernels import nearest
+from lavo_tasks.kernels.fps import farthest_point_indices
+from lavo_tasks.tasks.pcc.geometry import farthest_point_sample, gather_points, nearest_by_matmul
+
+# (batch, n, m): the dense prediction against the truth (cab: 14,336 folded points plus the
+# 2,048 input points; 16,384 true points; the other way has the same shape), then the
+# coarse cloud (224 query points and the 128 proxies) against the truth and back
+NEAREST_SHAPES = [(32, 16384, 16384), (32, 352, 16384), (32, 16384, 352)]
+VARIANTS = list(itertools.product([32, 64, 128], [32, 64, 128], [4, 8]))  # BLOCK_N, BLOCK_M, warps
+# (batch, points, samples): the proxies of the partial cloud, default preset (batch 16,
+# data.n_input 512, model.n_proxies 64) and cab (32, 2,048, 128)
+FPS_SHAPES = [(16, 512, 64), (32, 2048, 128)]
+
+
+def median_ms(call) -> float:
+    return triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
+
+
+def kernel_search(block_n: int, block_m: int, warps: int):
+    def search(a, b):
+        out = torch.empty(a.shape[:2], dtype=torch.long, device=a.device)
+        grid = (triton.cdiv(a.shape[1], block_n), a.shape[0])
+        nearest._nearest_kernel[grid](a, b, out, a.shape[1], b.shape[1], BLOCK_N=block_n, BLOCK_M=block_m,
+                                      WHILE_LOOPS=False, num_warps=warps)
+        return out
+    return search
+
+
+def found_distances(a, b, index):
+    return (a - gather_points(b, index)).square().sum(-1)
+
+
+def nearest_rows():
+    yield "| shape (B, n, m) | search | ms | max excess over the nearest |"
+    yield "|---|---|---|---|"
+    for batch, n, m in NEAREST_SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(n + m)
+        a = torch.rand(batch, n, 3, device="cuda", generator=g)
+        b = torch.rand(batch, m, 3, device="cuda", generator=g)
+        searches = {"matmul form": nearest_by_matmul}
+        searches.update({f"kernel {bn}x{bm}, {w} warps": kernel_search(bn, bm, w) for bn, bm, w in VARIANTS})
+        found = {name: found_distances(a, b, search(a, b)) for name, search in searches.items()}
+        best = torch.stack(list(found.values())).min(dim=0).values
+        for name, search in searches.items():
+            excess = (found[name] - best).max().item()
+            yield f"| {batch} x {n} x {m} | {name} | {median_ms(lambda s=search: s(a, b)):.3f} | {excess:.2e} |"
+
+
+def fps_rows():
+    yield "| shape (B, N, samples) | PyTorch loop ms | kernel ms | same indices |"
+    yield "|---|---|---|---|"
+    for batch, n_points, n_samples in FPS_SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(n_points)
+        points = torch.rand(batch, n_points, 3, device="cuda", generator=g)
+        same = torch.equal(farthest_point_indices(points, n_samples), farthest_point_sample(points, n_samples))
+        loop, kernel = (median_ms(lambda f=f: f(points, n_samples))
+                        for f in (farthest_point_sample, farthest_point_indices))
+        yield f"| {batch} x {n_points} x {n_samples} | {loop:.3f} | {kernel:.3f} | {same} |"
+
+
+SECTIONS = {"nearest": nearest_rows, "fps": fps_rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=sorted(SECTIONS), help="one of the comparisons (default: both)")
+    parser.add_argument("--out", type=Path, help="also write the tables here")
+    args = parser.parse_args()
+    lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}"]
+    for name in [args.only] if args.only else SECTIONS:
+        lines += ["", f"{name}:", ""]
+        for line in SECTIONS[name]():
+            lines.append(line)
+            print(line, flush=True)
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
