@@ -10,11 +10,11 @@ search's squared distances exceed the smallest that any of the searches found fo
 same query (the kernel settings share their fp32 arithmetic, so this compares the
 searches with each other; the tests hold the kernel to a float64 search over every pair).
 
-fps: the farthest-point-sampling kernel (kernels/fps.py) against the PyTorch loop
-(`farthest_point_sample`). Per shape (batch, points, samples): the median ms of a call of
-each (calls back to back: a loop whose launches the host cannot issue as fast as the GPU
-runs them is timed at the host's pace, as in a training step), and whether the kernel drew
-the same indices as the loop.
+fps: the farthest-point-sampling kernel (kernels/fps.py) at 1-16 warps against the PyTorch
+loop (`farthest_point_sample`). Per shape (batch, points, samples): the median ms of a call
+of each (calls back to back: a loop whose launches the host cannot issue as fast as the
+GPU runs them is timed at the host's pace, as in a training step), and whether each drew
+the same indices as the loop in float64 (the tests' reference).
 
 Times: triton.testing.do_bench medians.
 """
@@ -27,7 +27,7 @@ import torch
 import triton
 
 from lavo_tasks.kernels import nearest
-from lavo_tasks.kernels.fps import farthest_point_indices
+from lavo_tasks.kernels import fps
 from lavo_tasks.tasks.pcc.geometry import farthest_point_sample, gather_points, nearest_by_matmul
 
 # (batch, n, m): the dense prediction against the truth (cab: 14,336 folded points plus the
@@ -74,16 +74,29 @@ def nearest_rows():
             yield f"| {batch} x {n} x {m} | {name} | {median_ms(lambda s=search: s(a, b)):.3f} | {excess:.2e} |"
 
 
+def kernel_fps(warps: int):
+    def sample(points, n_samples):
+        out = torch.empty(points.shape[0], n_samples, dtype=torch.long, device=points.device)
+        fps._fps_kernel[(points.shape[0],)](points, out, points.shape[1], n_samples,
+                                            BLOCK=triton.next_power_of_2(points.shape[1]), WHILE_LOOPS=False,
+                                            num_warps=warps)
+        return out
+    return sample
+
+
 def fps_rows():
-    yield "| shape (B, N, samples) | PyTorch loop ms | kernel ms | same indices |"
+    yield "| shape (B, N, samples) | sampler | ms | same indices as the float64 loop |"
     yield "|---|---|---|---|"
     for batch, n_points, n_samples in FPS_SHAPES:
         g = torch.Generator(device="cuda").manual_seed(n_points)
         points = torch.rand(batch, n_points, 3, device="cuda", generator=g)
-        same = torch.equal(farthest_point_indices(points, n_samples), farthest_point_sample(points, n_samples))
-        loop, kernel = (median_ms(lambda f=f: f(points, n_samples))
-                        for f in (farthest_point_sample, farthest_point_indices))
-        yield f"| {batch} x {n_points} x {n_samples} | {loop:.3f} | {kernel:.3f} | {same} |"
+        reference = farthest_point_sample(points.double(), n_samples)
+        samplers = {"PyTorch loop": farthest_point_sample, "farthest_point_indices": fps.farthest_point_indices}
+        samplers.update({f"kernel, {w} warps": kernel_fps(w) for w in (1, 2, 4, 8, 16)})
+        for name, sample in samplers.items():
+            same = torch.equal(sample(points, n_samples), reference)
+            ms = median_ms(lambda f=sample: f(points, n_samples))
+            yield f"| {batch} x {n_points} x {n_samples} | {name} | {ms:.3f} | {same} |"
 
 
 SECTIONS = {"nearest": nearest_rows, "fps": fps_rows}
@@ -95,9 +108,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the tables here")
     args = parser.parse_args()
     lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}"]
+    print(lines[0], flush=True)
     for name in [args.only] if args.only else SECTIONS:
-        lines += ["", f"{name}:", ""]
-        for line in SECTIONS[name]():
+        for line in itertools.chain(["", f"{name}:", ""], SECTIONS[name]()):  # rows as they come
             lines.append(line)
             print(line, flush=True)
     text = "\n".join(lines) + "\n"

@@ -30,7 +30,7 @@ def _draw(nearest, last, cloud, x, y, z):
     dy = y - tl.load(cloud + last * 3 + 1)
     dz = z - tl.load(cloud + last * 3 + 2)
     nearest = tl.minimum(nearest, dx * dx + dy * dy + dz * dz)
-    return nearest, tl.argmax(nearest, axis=0)  # the lowest index among equally far points
+    return nearest, tl.argmax(nearest, axis=0, tie_break_left=True)  # the lowest index among equally far points
 
 
 @triton.jit
@@ -46,7 +46,7 @@ def _fps_kernel(points_ptr, out_ptr, N, S, BLOCK: tl.constexpr, WHILE_LOOPS: tl.
     z = tl.load(cloud + lanes * 3 + 2, mask=ok, other=0.0)
     # lanes past N hold -1: below every distance, so argmax never picks them
     nearest = tl.where(ok, float("inf"), -1.0)
-    last = tl.program_id(0) * 0  # sample 0 is point 0 (an int32 tensor, as argmax returns)
+    last = tl.full((), 0, tl.int32)  # sample 0 is point 0 (int32, as argmax returns)
     out = out_ptr + batch * S
     tl.store(out, last.to(tl.int64))
     if WHILE_LOOPS:
@@ -65,7 +65,11 @@ def farthest_point_indices(points: torch.Tensor, n_samples: int) -> torch.Tensor
     """`geometry.farthest_point_sample` in one launch: indices [B, n_samples] (int64) of a
     greedy farthest point sampling of points [B, N, 3], from point 0, the lowest index
     among equally far points, distances in fp32. Float64 clouds and clouds of more than
-    MAX_POINTS points raise NotImplementedError."""
+    MAX_POINTS points raise NotImplementedError. Clouds with NaN coordinates are not
+    supported: the GPU's minimum drops a NaN where the loop keeps it, so their samples
+    differ."""
+    if points.dim() != 3 or points.shape[-1] != 3:
+        raise ValueError(f"farthest_point_indices: points {tuple(points.shape)}: [B, N, 3] expected")
     batch, n_points, _ = points.shape
     if not 1 <= n_samples <= n_points:
         raise ValueError(f"farthest_point_indices: n_samples={n_samples} must be in [1, {n_points}]")

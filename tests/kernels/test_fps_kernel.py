@@ -17,11 +17,17 @@ def test_the_kernel_draws_the_farthest_points(n_points, n_samples):
     assert torch.equal(index, farthest_point_sample(points.double(), n_samples))
 
 
-def test_equally_far_points_give_the_lowest_index():
-    """Integer coordinates: every distance is exact in fp32 and float64, so the ties are
-    the same for both; a 5 x 5 grid has many."""
+def grids(device: str = "cpu") -> torch.Tensor:
+    """[3, 25, 3]: a 5 x 5 grid of integer points, flipped, and with duplicates: every
+    distance is exact in fp32 and float64, so the two have the same (many) ties."""
     grid = torch.cartesian_prod(torch.arange(5.0), torch.arange(5.0), torch.zeros(1))  # [25, 3]
-    points = torch.stack([grid, grid.flip(0), torch.cat([grid[:3], grid[:3], grid[6:]])])  # duplicates too
+    return torch.stack([grid, grid.flip(0), torch.cat([grid[:3], grid[:3], grid[6:]])]).to(device)
+
+
+def test_equally_far_points_give_the_lowest_index():
+    """(Under the interpreter, Triton's argmax is numpy's; the GPU test below runs the
+    compiled reduction on the same ties.)"""
+    points = grids()
     index = farthest_point_indices(points, 12)
     assert torch.equal(index, farthest_point_sample(points.double(), 12))
     assert index[0, :4].tolist() == [0, 24, 4, 20]  # the grid's corners, the lowest index on ties
@@ -40,6 +46,8 @@ def test_bad_requests():
     for n_samples in (0, 6):
         with pytest.raises(ValueError, match=f"n_samples={n_samples} must be in \\[1, 5\\]"):
             farthest_point_indices(points, n_samples)
+    with pytest.raises(ValueError, match="\\[B, N, 3\\] expected"):
+        farthest_point_indices(torch.rand(2, 5, 2), 2)
     with pytest.raises(NotImplementedError, match="fp32"):
         farthest_point_indices(points.double(), 2)
     with pytest.raises(NotImplementedError, match=f"at most {MAX_POINTS} points"):
@@ -54,3 +62,10 @@ def test_on_cuda_the_kernel_draws_what_the_loop_draws(batch, n_points, n_samples
     g = torch.Generator().manual_seed(n_points)
     points = torch.rand(batch, n_points, 3, generator=g).cuda()
     assert torch.equal(farthest_point_indices(points, n_samples), farthest_point_sample(points.double(), n_samples))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_equally_far_points_give_the_lowest_index():
+    points = grids("cuda")
+    assert torch.equal(farthest_point_indices(points, 25).cpu(), farthest_point_sample(points.double().cpu(), 25))
