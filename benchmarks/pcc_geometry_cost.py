@@ -20,8 +20,10 @@ Times: triton.testing.do_bench medians.
 """
 
 import argparse
+import contextlib
 import itertools
 from pathlib import Path
+from unittest import mock
 
 import torch
 import triton
@@ -44,16 +46,6 @@ def median_ms(call) -> float:
     return triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
 
 
-def kernel_search(block_n: int, block_m: int, warps: int):
-    def search(a, b):
-        out = torch.empty(a.shape[:2], dtype=torch.long, device=a.device)
-        grid = (triton.cdiv(a.shape[1], block_n), a.shape[0])
-        nearest._nearest_kernel[grid](a, b, out, a.shape[1], b.shape[1], BLOCK_N=block_n, BLOCK_M=block_m,
-                                      WHILE_LOOPS=False, num_warps=warps)
-        return out
-    return search
-
-
 def found_distances(a, b, index):
     return (a - gather_points(b, index)).square().sum(-1)
 
@@ -65,23 +57,19 @@ def nearest_rows():
         g = torch.Generator(device="cuda").manual_seed(n + m)
         a = torch.rand(batch, n, 3, device="cuda", generator=g)
         b = torch.rand(batch, m, 3, device="cuda", generator=g)
-        searches = {"matmul form": nearest_by_matmul}
-        searches.update({f"kernel {bn}x{bm}, {w} warps": kernel_search(bn, bm, w) for bn, bm, w in VARIANTS})
-        found = {name: found_distances(a, b, search(a, b)) for name, search in searches.items()}
+        # each search: (its name, its launch setting or None for the matmul form)
+        searches = [("matmul form", None)] + [(f"kernel {bn}x{bm}, {w} warps", (bn, bm, w)) for bn, bm, w in VARIANTS]
+        found, times = {}, {}
+        for name, setting in searches:
+            launch = (mock.patch.multiple(nearest, BLOCK_N=setting[0], BLOCK_M=setting[1], WARPS=setting[2])
+                      if setting else contextlib.nullcontext())
+            with launch:
+                search = nearest_by_matmul if setting is None else nearest.nearest_index
+                found[name] = found_distances(a, b, search(a, b))
+                times[name] = median_ms(lambda: search(a, b))
         best = torch.stack(list(found.values())).min(dim=0).values
-        for name, search in searches.items():
-            excess = (found[name] - best).max().item()
-            yield f"| {batch} x {n} x {m} | {name} | {median_ms(lambda s=search: s(a, b)):.3f} | {excess:.2e} |"
-
-
-def kernel_fps(warps: int):
-    def sample(points, n_samples):
-        out = torch.empty(points.shape[0], n_samples, dtype=torch.long, device=points.device)
-        fps._fps_kernel[(points.shape[0],)](points, out, points.shape[1], n_samples,
-                                            BLOCK=triton.next_power_of_2(points.shape[1]), WHILE_LOOPS=False,
-                                            num_warps=warps)
-        return out
-    return sample
+        for name, _ in searches:
+            yield f"| {batch} x {n} x {m} | {name} | {times[name]:.3f} | {(found[name] - best).max().item():.2e} |"
 
 
 def fps_rows():
@@ -91,11 +79,14 @@ def fps_rows():
         g = torch.Generator(device="cuda").manual_seed(n_points)
         points = torch.rand(batch, n_points, 3, device="cuda", generator=g)
         reference = farthest_point_sample(points.double(), n_samples)
-        samplers = {"PyTorch loop": farthest_point_sample, "farthest_point_indices": fps.farthest_point_indices}
-        samplers.update({f"kernel, {w} warps": kernel_fps(w) for w in (1, 2, 4, 8, 16)})
-        for name, sample in samplers.items():
-            same = torch.equal(sample(points, n_samples), reference)
-            ms = median_ms(lambda f=sample: f(points, n_samples))
+        # each sampler: (its name, the kernel's warps, or None for the PyTorch loop or the kernel's own)
+        samplers = [("PyTorch loop", None), ("farthest_point_indices", None)]
+        samplers += [(f"kernel, {w} warps", w) for w in (1, 2, 4, 8, 16)]
+        for name, warps in samplers:
+            sample = farthest_point_sample if name == "PyTorch loop" else fps.farthest_point_indices
+            with mock.patch.object(fps, "warps", lambda _, w=warps: w) if warps else contextlib.nullcontext():
+                same = torch.equal(sample(points, n_samples), reference)
+                ms = median_ms(lambda: sample(points, n_samples))
             yield f"| {batch} x {n_points} x {n_samples} | {name} | {ms:.3f} | {same} |"
 
 

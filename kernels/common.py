@@ -51,6 +51,12 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+# Triton's interpreter (numpy 2) cannot run `for` loops with run-time bounds: the kernels
+# that loop over one then take a WHILE_LOOPS constexpr and run `while` loops under it,
+# which the compiler does not software-pipeline, so the compiled kernels keep `for`.
+WHILE_LOOPS = interpreted()
+
+
 _TABLE_BUILDER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-tables")
 _on_builder = threading.local()
 

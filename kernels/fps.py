@@ -15,12 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import interpreted, next_pow2
+from .common import WHILE_LOOPS, next_pow2
 
 MAX_POINTS = 16384  # points of a cloud the kernel holds in registers (16 warps at the most)
-# Triton's interpreter (numpy 2) cannot run `for` loops with run-time bounds: it runs `while`
-# loops, which the compiler does not software-pipeline (as kernels/gsa/chunk.py).
-WHILE_LOOPS = interpreted()
+
+
+def warps(block: int) -> int:
+    """The launch's warps for a cloud of `block` (a power of 2) lanes: 4, or one per 512
+    lanes up to 16 (untimed: `benchmarks/pcc_geometry_cost.py --only fps` sweeps them)."""
+    return max(4, min(16, block // 512))
 
 
 @triton.jit
@@ -82,5 +85,5 @@ def farthest_point_indices(points: torch.Tensor, n_samples: int) -> torch.Tensor
         return out
     block = next_pow2(n_points)
     _fps_kernel[(batch,)](points.detach().float().contiguous(), out, n_points, n_samples, BLOCK=block,
-                          WHILE_LOOPS=WHILE_LOOPS, num_warps=max(4, min(16, block // 512)))
+                          WHILE_LOOPS=WHILE_LOOPS, num_warps=warps(block))
     return out

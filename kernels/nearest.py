@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cdiv, interpreted
+from .common import WHILE_LOOPS, cdiv
 
 # The launch setting fastest at pcc's dense cab shape (16,384 points against 16,384) among 18
 # timed (BLOCK_N and BLOCK_M 32-128, 4 or 8 warps; `benchmarks/pcc_geometry_cost.py`,
@@ -25,9 +25,6 @@ from .common import cdiv, interpreted
 BLOCK_N = 32  # query points per program
 BLOCK_M = 64  # candidates compared with them per step
 WARPS = 4
-# Triton's interpreter (numpy 2) cannot run `for` loops with run-time bounds: it runs `while`
-# loops, which the compiler does not software-pipeline (as kernels/gsa/chunk.py).
-WHILE_LOOPS = interpreted()
 
 
 @triton.jit

@@ -38,7 +38,7 @@ gives the same layout with unequal lengths. Inputs are validated by `gsa_attn`.
 
 import torch
 
-from ..common import KERNEL_DTYPES, cdiv, interpreted, next_pow2, shape_cache, tile_width
+from ..common import KERNEL_DTYPES, WHILE_LOOPS, cdiv, next_pow2, shape_cache, tile_width
 from . import chunk_kernels as K
 from . import whole_chunk_kernels as W
 from .state import GsaState
@@ -64,9 +64,6 @@ MAX_DIM = 256  # head dims and slot counts the kernels take
 # head-dim columns per block of the per-sub-chunk kernels' products; half that with more
 # than 128 slots
 COL_BLOCK = 64
-# Triton's interpreter (numpy 2) cannot run `for` loops with run-time bounds; the
-# sequential scans then use `while` loops, which the compiler does not software-pipeline.
-WHILE_LOOPS = interpreted()
 
 
 @shape_cache(maxsize=64)

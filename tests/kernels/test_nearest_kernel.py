@@ -6,18 +6,8 @@ import pytest
 import torch
 
 from lavo_tasks.kernels.nearest import BLOCK_M, BLOCK_N, nearest_index
-from lavo_tasks.tasks.pcc.geometry import chamfer_squared, gather_points
-
-
-def nearest_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[B, N]: the squared distance from each point of a to its nearest point of b, from
-    every pair's difference in float64."""
-    return (a[:, :, None].double() - b[:, None].double()).square().sum(-1).min(dim=2).values
-
-
-def distances_at(a: torch.Tensor, b: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """[B, N]: the float64 squared distance from each point of a to b's point at index."""
-    return (a.double() - gather_points(b.double(), index)).square().sum(-1)
+from lavo_tasks.tasks.pcc.geometry import chamfer_squared
+from nearest_reference import brute_nearest_squared, squared_at
 
 
 # sizes around the blocks: one partial block, exact blocks, several blocks and a remainder
@@ -29,7 +19,7 @@ def test_the_kernel_finds_the_nearest_point(n, m):
     assert index.shape == (2, n) and index.dtype == torch.long
     assert bool(((index >= 0) & (index < m)).all())
     # fp32 differences of points in [0, 1): within a few ulps of the float64 minimum
-    torch.testing.assert_close(distances_at(a, b, index), nearest_distances(a, b), rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(squared_at(a, b, index), brute_nearest_squared(a, b), rtol=1e-6, atol=1e-12)
 
 
 def test_points_in_both_clouds_and_ties():
@@ -47,7 +37,7 @@ def test_points_in_both_clouds_and_ties():
         j = m - 40 + i
         assert index[1, i].item() in (copies if j in copies else [j])
     assert index[1, 40].item() in copies
-    torch.testing.assert_close(distances_at(a, b, index), nearest_distances(a, b), rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(squared_at(a, b, index), brute_nearest_squared(a, b), rtol=1e-6, atol=1e-12)
 
 
 def test_the_kernel_takes_views_and_half_precision():
@@ -55,7 +45,7 @@ def test_the_kernel_takes_views_and_half_precision():
     a = torch.rand(3, 70, 2, generator=g).transpose(0, 2)  # [2, 70, 3], not contiguous
     b = torch.rand(2, 90, 3, generator=g).to(torch.bfloat16)
     index = nearest_index(a, b)
-    torch.testing.assert_close(distances_at(a, b.float(), index), nearest_distances(a, b.float()),
+    torch.testing.assert_close(squared_at(a, b.float(), index), brute_nearest_squared(a, b.float()),
                                rtol=1e-6, atol=1e-12)
 
 
@@ -86,10 +76,10 @@ def test_chamfer_on_cuda_matches_the_full_search():
     prediction = torch.rand(4, 3000, 3, generator=g).cuda()
     truth = torch.rand(4, 5000, 3, generator=g).cuda()
     d1, d2 = chamfer_squared(prediction, truth)
-    torch.testing.assert_close(d1.double(), nearest_distances(prediction, truth), rtol=1e-5, atol=1e-12)
-    torch.testing.assert_close(d2.double(), nearest_distances(truth, prediction), rtol=1e-5, atol=1e-12)
+    torch.testing.assert_close(d1.double(), brute_nearest_squared(prediction, truth), rtol=1e-5, atol=1e-12)
+    torch.testing.assert_close(d2.double(), brute_nearest_squared(truth, prediction), rtol=1e-5, atol=1e-12)
     index = nearest_index(prediction, truth)
-    torch.testing.assert_close(distances_at(prediction, truth, index), nearest_distances(prediction, truth),
+    torch.testing.assert_close(squared_at(prediction, truth, index), brute_nearest_squared(prediction, truth),
                                rtol=1e-6, atol=1e-12)
 
 

@@ -10,6 +10,7 @@ from lavo_tasks.tasks.pcc.geometry import (chamfer_l1_loss, chamfer_squared, far
                                            knn, nearest_by_kernel, nearest_by_matmul, nearest_by_tree,
                                            nearest_squared_distances)
 from lavo_tasks.tasks.pcc.metrics import CompletionScores, completion_metrics
+from nearest_reference import brute_nearest_squared, squared_at
 
 
 def brute_force_fps(points: torch.Tensor, n: int) -> list[int]:
@@ -88,18 +89,13 @@ def test_fscore_by_hand():
     assert figures["cd_l1"].item() == pytest.approx(l1)
 
 
-def _brute_nearest(a, b):
-    """The squared distance to the nearest point, from every pair's difference (float64)."""
-    return (a[:, :, None].double() - b[:, None].double()).square().sum(-1).min(dim=2).values
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_both_nearest_searches_find_the_nearest_point(dtype):
     g = torch.Generator().manual_seed(4)
     a, b = torch.rand(2, 300, 3, generator=g, dtype=dtype), torch.rand(2, 200, 3, generator=g, dtype=dtype)
     a[:, :50] = b[:, :50]  # points of a that are in b: distance 0
     b[1, 100:] = b[1, 0]   # one cloud with 100 copies of a point (ties)
-    dense = _brute_nearest(a, b)
+    dense = brute_nearest_squared(a, b)
     rel = dict(rtol=1e-12, atol=0) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-9)
     searches = {
         "tree": nearest_by_tree(a, b),
@@ -109,7 +105,7 @@ def test_both_nearest_searches_find_the_nearest_point(dtype):
     }
     for name, nearest in searches.items():
         assert nearest.shape == (2, 300) and nearest.dtype == torch.long, name
-        found = (a.double() - gather_points(b.double(), nearest)).square().sum(-1)
+        found = squared_at(a, b, nearest)
         torch.testing.assert_close(found, dense, **rel, msg=lambda m: f"{name}: {m}")
     assert torch.all(nearest_squared_distances(a, b)[:, :50] == 0)
     torch.testing.assert_close(nearest_squared_distances(a, b).double(), dense, **rel)
@@ -121,8 +117,8 @@ def test_without_triton_the_kernel_search_takes_the_matmul_form(monkeypatch):
     a, b = torch.rand(2, 30, 3, generator=g), torch.rand(2, 20, 3, generator=g)
     with pytest.warns(RuntimeWarning, match="nearest_by_kernel: Triton path unavailable"):
         nearest = nearest_by_kernel(a, b)
-    found = (a.double() - gather_points(b.double(), nearest)).square().sum(-1)
-    torch.testing.assert_close(found, _brute_nearest(a, b), rtol=1e-5, atol=1e-9)
+    found = squared_at(a, b, nearest)
+    torch.testing.assert_close(found, brute_nearest_squared(a, b), rtol=1e-5, atol=1e-9)
 
 
 def test_the_tree_search_takes_bf16_clouds_and_one_point_clouds():
