@@ -1,4 +1,4 @@
-"""pcc's geometry kernels on a GPU against the PyTorch forms they replace or may replace,
+"""pcc's geometry kernels on a GPU against the PyTorch forms they replace on CUDA,
 at the cab (and default) presets' shapes, with the results compared.
 
     python benchmarks/pcc_geometry_cost.py [--only nearest|fps] [--out FILE]
@@ -11,7 +11,7 @@ same query (the kernel settings share their fp32 arithmetic, so this compares th
 searches with each other; the tests hold the kernel to a float64 search over every pair).
 
 fps: the farthest-point-sampling kernel (kernels/fps.py) at 1-16 warps against the PyTorch
-loop (`farthest_point_sample`). Per shape (batch, points, samples): the median ms of a call
+loop it replaced on CUDA (`farthest_point_sample_by_loop`). Per shape (batch, points, samples): the median ms of a call
 of each (calls back to back: a loop whose launches the host cannot issue as fast as the
 GPU runs them is timed at the host's pace, as in a training step), and whether each drew
 the same indices as the loop in float64 (the tests' reference).
@@ -30,7 +30,7 @@ import triton
 
 from lavo_tasks.kernels import nearest
 from lavo_tasks.kernels import fps
-from lavo_tasks.tasks.pcc.geometry import farthest_point_sample, gather_points, nearest_by_matmul
+from lavo_tasks.tasks.pcc.geometry import farthest_point_sample_by_loop, gather_points, nearest_by_matmul
 
 # (batch, n, m): the dense prediction against the truth (cab: 14,336 folded points plus the
 # 2,048 input points; 16,384 true points; the other way has the same shape), then the
@@ -78,12 +78,12 @@ def fps_rows():
     for batch, n_points, n_samples in FPS_SHAPES:
         g = torch.Generator(device="cuda").manual_seed(n_points)
         points = torch.rand(batch, n_points, 3, device="cuda", generator=g)
-        reference = farthest_point_sample(points.double(), n_samples)
+        reference = farthest_point_sample_by_loop(points.double(), n_samples)
         # each sampler: (its name, the kernel's warps, or None for the PyTorch loop or the kernel's own)
         samplers = [("PyTorch loop", None), ("farthest_point_indices", None)]
         samplers += [(f"kernel, {w} warps", w) for w in (1, 2, 4, 8, 16)]
         for name, warps in samplers:
-            sample = farthest_point_sample if name == "PyTorch loop" else fps.farthest_point_indices
+            sample = farthest_point_sample_by_loop if name == "PyTorch loop" else fps.farthest_point_indices
             with mock.patch.object(fps, "warps", lambda _, w=warps: w) if warps else contextlib.nullcontext():
                 same = torch.equal(sample(points, n_samples), reference)
                 ms = median_ms(lambda: sample(points, n_samples))

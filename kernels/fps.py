@@ -1,9 +1,7 @@
-"""Farthest point sampling in one Triton kernel: `farthest_point_indices`, a candidate for
-what pcc's model runs on CUDA tensors. tasks/pcc/geometry.py's `farthest_point_sample`
-keeps its PyTorch loop until `benchmarks/pcc_geometry_cost.py --only fps` has timed the
-two on a GPU.
+"""Farthest point sampling in one Triton kernel: `farthest_point_indices`, what pcc's
+model runs on CUDA clouds (tasks/pcc/geometry.py's `farthest_point_sample`).
 
-The PyTorch loop launches about seven kernels per sample drawn (the latest sample's
+The PyTorch loop it replaces there launches about seven kernels per sample drawn (the latest sample's
 point, the differences, their squares and sums, the running minimum, its argmax and the
 write of the index): 127 samples of the cab preset's 128 are about 900 launches a step.
 Here one program per cloud holds the cloud's points and each point's squared distance to
@@ -22,7 +20,7 @@ MAX_POINTS = 16384  # points of a cloud the kernel holds in registers (16 warps 
 
 def warps(block: int) -> int:
     """The launch's warps for a cloud of `block` (a power of 2) lanes: 4, or one per 512
-    lanes up to 16 (untimed: `benchmarks/pcc_geometry_cost.py --only fps` sweeps them)."""
+    lanes up to 16 (`benchmarks/pcc_geometry_cost.py --only fps` sweeps them)."""
     return max(4, min(16, block // 512))
 
 

@@ -1,9 +1,10 @@
-"""Point-cloud geometry in PyTorch, batched, on any device: farthest point sampling,
-k nearest neighbours, gathering, and the nearest-neighbour distances Chamfer is built on.
+"""Point-cloud geometry, batched, on any device: farthest point sampling, k nearest
+neighbours, gathering, and the nearest-neighbour distances Chamfer is built on.
 
-Nothing here loops over points in Python: FPS loops over the samples it draws (each
-step vectorised over the batch and all points), the distance functions loop over chunks
-of query points so that at most `max_elements` pairwise distances exist at once (a 16K x
+Nothing here loops over points in Python. Farthest point sampling on CUDA is one Triton
+kernel (kernels/fps.py); elsewhere it loops over the samples it draws, each step
+vectorised over the batch and all points. The distance functions loop over chunks of
+query points so that at most `max_elements` pairwise distances exist at once (a 16K x
 16K matrix would be 1 GiB per cloud in fp32): by default MAX_ELEMENTS on the CPU and
 MAX_ELEMENTS_CUDA on a GPU, where fewer, larger chunks save kernel launches. Chamfer's
 nearest neighbours come from open3d's k-d tree on the CPU (one search per cloud: it visits
@@ -39,10 +40,22 @@ def gather_points(points: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 def farthest_point_sample(points: torch.Tensor, n_samples: int) -> torch.Tensor:
     """Indices [B, n_samples] of a greedy farthest point sampling of points [B, N, 3]:
     the first sample is point 0, each next one the point farthest from those chosen (the
-    lowest index among equally far points). Needs n_samples <= N."""
-    batch, n_points, _ = points.shape
+    lowest index among equally far points). Needs n_samples <= N. CUDA clouds of at most
+    fp32 are sampled by `farthest_point_sample_by_kernel`, the rest by
+    `farthest_point_sample_by_loop`."""
+    n_points = points.shape[1]
     if not 1 <= n_samples <= n_points:
         raise ValueError(f"farthest_point_sample: n_samples={n_samples} must be in [1, {n_points}]")
+    if points.is_cuda and points.dtype != torch.float64:
+        return farthest_point_sample_by_kernel(points, n_samples)
+    return farthest_point_sample_by_loop(points, n_samples)
+
+
+@torch.no_grad()
+def farthest_point_sample_by_loop(points: torch.Tensor, n_samples: int) -> torch.Tensor:
+    """`farthest_point_sample` in PyTorch, in the clouds' precision: one vectorised step
+    per sample drawn (about seven kernel launches each on a GPU)."""
+    batch, n_points, _ = points.shape
     chosen = torch.zeros(batch, n_samples, dtype=torch.long, device=points.device)
     nearest = torch.full((batch, n_points), float("inf"), dtype=points.dtype, device=points.device)
     rows = torch.arange(batch, device=points.device)
@@ -53,6 +66,17 @@ def farthest_point_sample(points: torch.Tensor, n_samples: int) -> torch.Tensor:
         last = nearest.argmax(dim=1)
         chosen[:, i] = last
     return chosen
+
+
+def farthest_point_sample_by_kernel(points: torch.Tensor, n_samples: int) -> torch.Tensor:
+    """`farthest_point_sample` in one Triton launch (kernels/fps.py: one program per
+    cloud), comparing in fp32; where Triton cannot be imported or a cloud holds more points
+    than the kernel does, the loop with a RuntimeWarning."""
+    def kernel():
+        from ...kernels.fps import farthest_point_indices  # imports Triton: only where it runs
+        return farthest_point_indices(points, n_samples)
+    return run_triton("auto", "farthest_point_sample_by_kernel", kernel,
+                      lambda: farthest_point_sample_by_loop(points, n_samples))
 
 
 def _chunk_rows(batch: int, n_candidates: int, max_elements: int | None, device: torch.device) -> int:

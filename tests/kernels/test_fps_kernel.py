@@ -2,11 +2,13 @@
 float64 (itself checked point by point against a brute-force search in
 tests/tasks/pcc/test_pcc_geometry.py), on the CPU through Triton's interpreter and on a GPU."""
 
+import sys
+
 import pytest
 import torch
 
 from lavo_tasks.kernels.fps import MAX_POINTS, farthest_point_indices
-from lavo_tasks.tasks.pcc.geometry import farthest_point_sample
+from lavo_tasks.tasks.pcc.geometry import farthest_point_sample_by_kernel, farthest_point_sample_by_loop
 
 
 @pytest.mark.parametrize("n_points, n_samples", [(1, 1), (7, 7), (40, 9), (300, 64)])
@@ -14,7 +16,7 @@ def test_the_kernel_draws_the_farthest_points(n_points, n_samples):
     points = torch.rand(3, n_points, 3, generator=torch.Generator().manual_seed(n_points))
     index = farthest_point_indices(points, n_samples)
     assert index.shape == (3, n_samples) and index.dtype == torch.long
-    assert torch.equal(index, farthest_point_sample(points.double(), n_samples))
+    assert torch.equal(index, farthest_point_sample_by_loop(points.double(), n_samples))
 
 
 def grids(device: str = "cpu") -> torch.Tensor:
@@ -29,16 +31,16 @@ def test_equally_far_points_give_the_lowest_index():
     compiled reduction on the same ties.)"""
     points = grids()
     index = farthest_point_indices(points, 12)
-    assert torch.equal(index, farthest_point_sample(points.double(), 12))
+    assert torch.equal(index, farthest_point_sample_by_loop(points.double(), 12))
     assert index[0, :4].tolist() == [0, 24, 4, 20]  # the grid's corners, the lowest index on ties
 
 
 def test_the_kernel_takes_views_and_half_precision():
     g = torch.Generator().manual_seed(2)
     points = torch.rand(3, 50, 2, generator=g).transpose(0, 2)  # [2, 50, 3], not contiguous
-    assert torch.equal(farthest_point_indices(points, 10), farthest_point_sample(points.double(), 10))
+    assert torch.equal(farthest_point_indices(points, 10), farthest_point_sample_by_loop(points.double(), 10))
     half = torch.rand(2, 50, 3, generator=g).to(torch.bfloat16)
-    assert torch.equal(farthest_point_indices(half, 10), farthest_point_sample(half.double(), 10))
+    assert torch.equal(farthest_point_indices(half, 10), farthest_point_sample_by_loop(half.double(), 10))
 
 
 def test_bad_requests():
@@ -55,17 +57,43 @@ def test_bad_requests():
     assert farthest_point_indices(torch.rand(0, 5, 3), 2).shape == (0, 2)
 
 
+def test_pcc_samples_through_the_kernel_and_falls_back_to_the_loop(monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    points = torch.rand(2, 60, 3, generator=g)
+    assert torch.equal(farthest_point_sample_by_kernel(points, 8), farthest_point_sample_by_loop(points.double(), 8))
+    big = torch.rand(1, MAX_POINTS + 1, 3, generator=g)
+    with pytest.warns(RuntimeWarning, match=f"farthest_point_sample_by_kernel: .*at most {MAX_POINTS} points"):
+        assert torch.equal(farthest_point_sample_by_kernel(big, 3), farthest_point_sample_by_loop(big, 3))
+    monkeypatch.setitem(sys.modules, "lavo_tasks.kernels.fps", None)  # its import now fails
+    with pytest.warns(RuntimeWarning, match="farthest_point_sample_by_kernel: Triton path unavailable"):
+        assert torch.equal(farthest_point_sample_by_kernel(points, 8), farthest_point_sample_by_loop(points, 8))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("batch, n_points, n_samples", [(32, 2048, 128), (4, 16384, 64), (3, 1000, 1000)])
 def test_on_cuda_the_kernel_draws_what_the_loop_draws(batch, n_points, n_samples):
     g = torch.Generator().manual_seed(n_points)
     points = torch.rand(batch, n_points, 3, generator=g).cuda()
-    assert torch.equal(farthest_point_indices(points, n_samples), farthest_point_sample(points.double(), n_samples))
+    assert torch.equal(farthest_point_indices(points, n_samples), farthest_point_sample_by_loop(points.double(), n_samples))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_cuda_equally_far_points_give_the_lowest_index():
     points = grids("cuda")
-    assert torch.equal(farthest_point_indices(points, 25).cpu(), farthest_point_sample(points.double().cpu(), 25))
+    assert torch.equal(farthest_point_indices(points, 25).cpu(), farthest_point_sample_by_loop(points.double().cpu(), 25))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp32_cuda_clouds_take_the_kernel_and_float64_ones_the_loop(monkeypatch):
+    from lavo_tasks.kernels import fps
+    from lavo_tasks.tasks.pcc import geometry
+    calls, kernel, loop = [], fps.farthest_point_indices, geometry.farthest_point_sample_by_loop
+    monkeypatch.setattr(fps, "farthest_point_indices", lambda p, n: calls.append("kernel") or kernel(p, n))
+    monkeypatch.setattr(geometry, "farthest_point_sample_by_loop", lambda p, n: calls.append("loop") or loop(p, n))
+    points = torch.rand(2, 70, 3, device="cuda")
+    assert torch.equal(geometry.farthest_point_sample(points, 9), loop(points.double(), 9))
+    geometry.farthest_point_sample(points.double(), 9)
+    assert calls == ["kernel", "loop"]
