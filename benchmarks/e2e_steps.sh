@@ -11,9 +11,10 @@
 # TTS_DATA: a folder in the LJSpeech layout for tts (default: the embedded espeak set,
 # built once per machine into the default-data cache).
 # PCC_BATCH: for pcc, a file that `bench_e2e task=pcc save_batch=FILE` wrote on a machine
-# with open3d (the GPU machine has none to read pcc's data); its runs measure on it. The
-# file holds one compile mode's batch (`batch=` refuses another): write it with the runs'
-# compile= (none for MODES=off) and run one mode per file.
+# with open3d (the GPU machine has none to read pcc's data); its runs measure on it. An
+# eager batch and a compiled one differ (`batch=` refuses the other): write it with no
+# compile= for MODES=off, with compile=default for the compiled modes, and run one of the
+# two kinds per file.
 # lm needs a corpus long enough for the cab context (8,192 tokens a sample, 8 samples in
 # its test split), summarization one whose sources fill the cab preset's 4,096 positions
 # (the embedded docstrings take about 256): LM_DATA, a folder with train.txt, valid.txt and

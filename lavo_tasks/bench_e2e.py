@@ -42,8 +42,10 @@ so (`cross: softmax`). An attention that runs out of memory gets a row with its 
 `batch=FILE` then takes them from FILE instead of the task's DataModule. A GPU machine
 that lacks what reads a task's data (pcc's open3d) measures the task that way, the file
 written where the data can be read. The batch's shapes follow the data.* keys, `seed`
-and `compile` (which pads some tasks' batches): the file keeps them, `batch=` refuses a
-file written with others, and each row records them (`batch_settings`).
+and whether `compile` is off (a compiled model's tasks pad some batches, alike in every
+mode): the file keeps them, `batch=` refuses a file written with others, and each row
+records them (`batch_settings`). A batch for `compile=reduce-overhead`, which a machine
+without a GPU refuses, is written there with `compile=default`.
 
 Writes OUT/bench_e2e_<task>.jsonl and prints a Markdown table. Needs CUDA (tests run
 it on the CPU with `allow_cpu`).
@@ -123,8 +125,13 @@ def spec_and_first_batch(cfg) -> dict:
 
 
 def batch_settings(overrides: list[str]) -> list[str]:
-    """Those of the KEY=VALUE `overrides` that can change a task's first training batch."""
-    return sorted(o for o in overrides if o.startswith(("data.", "seed=", "trainer.compile=")))
+    """Those of the KEY=VALUE `overrides` that can change a task's first training batch.
+    Of `trainer.compile` only whether it is off counts, kept as `trainer.compile!=off`:
+    every compiled mode pads the batches alike (lavo_tasks.data)."""
+    settings = [o for o in overrides if o.startswith(("data.", "seed="))]
+    if any(o.startswith("trainer.compile=") and o != "trainer.compile=off" for o in overrides):
+        settings.append("trainer.compile!=off")
+    return sorted(settings)
 
 
 def save_batch(cfg, settings: list[str], path: Path) -> None:

@@ -183,6 +183,19 @@ def test_a_saved_batch_replaces_the_data_module(tmp_path, monkeypatch):
     assert logged["batch_file"] == str(file) and logged["batch_settings"] == saved["settings"]
 
 
+def test_a_batch_written_for_one_compiled_mode_serves_them_all(tmp_path):
+    """Every compiled mode pads the batches alike, so a batch written with compile=default
+    (which a machine without a GPU runs) serves reduce-overhead, and eager runs refuse it."""
+    file = tmp_path / "compiled.pt"
+    bench_e2e.bench(["task=tsf", f"save_batch={file}", "compile=default", f"out={tmp_path}", *TSF_SMALL])
+    compiled = bench_e2e.batch_settings([*TSF_SMALL, "trainer.compile=reduce-overhead", "run.dir=x"])
+    assert compiled == sorted([*TSF_SMALL[5:], "trainer.compile!=off"])
+    assert bench_e2e.load_batch(file, "tsf", compiled)["settings"] == compiled
+    for eager in ([], ["trainer.compile=off"]):
+        with pytest.raises(ConfigError, match="not data.batch_size=2 data.label_len=16 data.pred_len=8 data.seq_len=32$"):
+            bench_e2e.load_batch(file, "tsf", bench_e2e.batch_settings([*TSF_SMALL, *eager]))
+
+
 def test_bad_batch_files_and_options_are_one_line(tmp_path):
     good = tmp_path / "good.pt"
     bench_e2e.bench(["task=tsf", f"save_batch={good}", f"out={tmp_path}", *TSF_SMALL])
@@ -200,7 +213,7 @@ def test_bad_batch_files_and_options_are_one_line(tmp_path):
         ([f"batch={good}", "data.batch_size=4", "steps=1"],
          f"batch={good}: written with data.batch_size=2 data.label_len=16"),
         ([f"batch={good}", "compile=default", "steps=1"],
-         f"batch={good}: written with .* not .*trainer.compile=default"),
+         f"batch={good}: written with .* not .*trainer.compile!=off"),
         ([f"batch={good}", f"save_batch={good}"], "batch= and save_batch=: give one"),
         ([f"save_batch={good}", "steps=3"], "save_batch= times nothing: leave out steps="),
         ([f"save_batch={good}", "--profile"], "save_batch= times nothing: leave out --profile"),
