@@ -5,7 +5,8 @@
 `lavo_gpu_profile.py --variants` times the protocol shape (16 heads of 64); this times the
 shapes of tts's cab preset (4 heads of 128, batch 16: CS over 512, CC and NC 512 over 128,
 NS over 128), a tsf-like head dim 64 (4 heads, batch 32, CS over 96) and tsf's cab preset
-(8 heads of 64, batch 32: NS over 96, NC 72 over 96); LAVO with window 32
+(8 heads of 64, batch 32: NS over 96, NC 72 over 96) and pcc's (6 heads of 64, batch 32:
+NS over the 128 proxies and the 224 queries, NC 224 over 128); LAVO with window 32
 and rank 16, GSA with 64 slots (the attention configs' defaults). Each variant sets
 module-level launch settings: for LAVO an entry of kernels/lavo/chunk.py's LAUNCH (a dkv
 variant sets both dkv entries, so it means the same launch at every head dim), for GSA
@@ -61,6 +62,7 @@ VARIANTS = {  # family: {name: {(module, global, key or None): value}}
         "ns_one_scan": {(gsa_chunk, "NS_ONE_SCAN_PROGRAMS", None): 10**9},
         # CC's longer targets and NC read the final source state in PyTorch (their compiled form)
         "cross_read": {(gsa_chunk, "CROSS_ONE_SCAN_ROWS", None): 0},
+        "cross_one_scan": {(gsa_chunk, "CROSS_ONE_SCAN_ROWS", None): 10**9},
         "whole_w4": whole_warps(),
         "whole_w8": whole_warps(output=8, query=8, key=8),
         "whole_key_w8": whole_warps(key=8),
@@ -78,6 +80,10 @@ SHAPES = {  # name: batch, heads, head dim, queries, keys, causal, cross
     "tsf NS 96": (32, 8, 64, 96, 96, False, False),  # tsf's cab preset: 8 heads of 64
     "tsf NC 72 over 96": (32, 8, 64, 72, 96, False, True),
     "d128 NC 512 over 128": (16, 4, 128, 512, 128, False, True),
+    # pcc's cab preset (6 heads of 64, batch 32): the encoder's 128 proxies, the 224 queries
+    "pcc NS 128": (32, 6, 64, 128, 128, False, False),
+    "pcc NS 224": (32, 6, 64, 224, 224, False, False),
+    "pcc NC 224 over 128": (32, 6, 64, 224, 128, False, True),
 }
 
 
