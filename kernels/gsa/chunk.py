@@ -125,10 +125,11 @@ WHOLE_MIN_TILE = 64
 WHOLE_WARPS = {"output": 4, "query": 4, "key": 4}
 WHOLE_WARPS_WIDE = {"output": 8, "query": 8, "key": 8}
 # NS runs its two causal scans as one (each input beside its time-reversed copy) when one
-# direction's scan has fewer programs (chunks x heads) than this: there two scans leave
-# the GPU's SMs idle and their launches are host time, while at large sizes one scan is
-# slower and holds twice the inputs. Timings: docs/benchmarks.md, "Launch settings".
-NS_ONE_SCAN_PROGRAMS = 256
+# direction's scan has fewer programs (chunks x heads) than this: up to the task shapes'
+# 768 (pcc's queries) one scan took less GPU time as well as fewer launches, while at
+# the protocol's 16,384 it is slower and holds twice the inputs. Timings:
+# docs/benchmarks.md, "Launch settings".
+NS_ONE_SCAN_PROGRAMS = 1024
 # CC with a target longer than its source, and NC, run eagerly as one scan over padded
 # positions (`_cross_as_one_scan`) up to this many rows x heads in that scan: the one
 # scan's extra GPU work grows with its rows, the host time it saves does not, and here
