@@ -11,10 +11,11 @@ same query (the kernel settings share their fp32 arithmetic, so this compares th
 searches with each other; the tests hold the kernel to a float64 search over every pair).
 
 fps: the farthest-point-sampling kernel (kernels/fps.py) at 1-16 warps against the PyTorch
-loop it replaced on CUDA (`farthest_point_sample_by_loop`). Per shape (batch, points, samples): the median ms of a call
-of each (calls back to back: a loop whose launches the host cannot issue as fast as the
-GPU runs them is timed at the host's pace, as in a training step), and whether each drew
-the same indices as the loop in float64 (the tests' reference).
+loop it replaced on CUDA (`farthest_point_sample_by_loop`). Per shape (batch, points,
+samples): the median ms of a call of each (calls back to back: a loop whose launches the
+host cannot issue as fast as the GPU runs them is timed at the host's pace, as in a
+training step), and whether each drew the same indices as the loop in float64 (the
+tests' reference).
 
 Times: triton.testing.do_bench medians.
 """

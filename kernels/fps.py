@@ -1,9 +1,10 @@
 """Farthest point sampling in one Triton kernel: `farthest_point_indices`, what pcc's
-model runs on CUDA clouds (tasks/pcc/geometry.py's `farthest_point_sample`).
+model runs eagerly on CUDA clouds (tasks/pcc/geometry.py's `farthest_point_sample`).
 
-The PyTorch loop it replaces there launches about seven kernels per sample drawn (the latest sample's
-point, the differences, their squares and sums, the running minimum, its argmax and the
-write of the index): 127 samples of the cab preset's 128 are about 900 launches a step.
+The PyTorch loop it replaces there launches about seven kernels per sample drawn (the
+latest sample's point, the differences, their squares and sums, the running minimum, its
+argmax and the write of the index): 127 samples of the cab preset's 128 are about 900
+launches a step.
 Here one program per cloud holds the cloud's points and each point's squared distance to
 the nearest sample in registers and draws every sample in a loop; it reads the latest
 sample's coordinates back from the cloud in memory.

@@ -1,9 +1,9 @@
 """Point-cloud geometry, batched, on any device: farthest point sampling, k nearest
 neighbours, gathering, and the nearest-neighbour distances Chamfer is built on.
 
-Nothing here loops over points in Python. Farthest point sampling on CUDA is one Triton
-kernel (kernels/fps.py); elsewhere it loops over the samples it draws, each step
-vectorised over the batch and all points. The distance functions loop over chunks of
+Nothing here loops over points in Python. Farthest point sampling of fp32 (or narrower)
+CUDA clouds is one Triton kernel in eager calls (kernels/fps.py); elsewhere it loops over
+the samples it draws, each step vectorised over the batch and all points. The distance functions loop over chunks of
 query points so that at most `max_elements` pairwise distances exist at once (a 16K x
 16K matrix would be 1 GiB per cloud in fp32): by default MAX_ELEMENTS on the CPU and
 MAX_ELEMENTS_CUDA on a GPU, where fewer, larger chunks save kernel launches. Chamfer's
@@ -40,13 +40,14 @@ def gather_points(points: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 def farthest_point_sample(points: torch.Tensor, n_samples: int) -> torch.Tensor:
     """Indices [B, n_samples] of a greedy farthest point sampling of points [B, N, 3]:
     the first sample is point 0, each next one the point farthest from those chosen (the
-    lowest index among equally far points). Needs n_samples <= N. CUDA clouds of at most
-    fp32 are sampled by `farthest_point_sample_by_kernel`, the rest by
-    `farthest_point_sample_by_loop`."""
+    lowest index among equally far points). Needs n_samples <= N. Eager calls on CUDA
+    clouds of at most fp32 are sampled by `farthest_point_sample_by_kernel`, the rest by
+    `farthest_point_sample_by_loop`: torch.compile traces the loop, which keeps the
+    model's forward one graph (the kernel is a plain Triton launch behind a fallback)."""
     n_points = points.shape[1]
     if not 1 <= n_samples <= n_points:
         raise ValueError(f"farthest_point_sample: n_samples={n_samples} must be in [1, {n_points}]")
-    if points.is_cuda and points.dtype != torch.float64:
+    if points.is_cuda and points.dtype != torch.float64 and not torch.compiler.is_compiling():
         return farthest_point_sample_by_kernel(points, n_samples)
     return farthest_point_sample_by_loop(points, n_samples)
 

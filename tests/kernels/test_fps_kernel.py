@@ -97,3 +97,14 @@ def test_fp32_cuda_clouds_take_the_kernel_and_float64_ones_the_loop(monkeypatch)
     assert torch.equal(geometry.farthest_point_sample(points, 9), loop(points.double(), 9))
     geometry.farthest_point_sample(points.double(), 9)
     assert calls == ["kernel", "loop"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_sampling_is_one_graph_and_draws_the_same_points():
+    """torch.compile traces the loop (the kernel is an eager path only), so pcc's compiled
+    forward stays one graph."""
+    from lavo_tasks.tasks.pcc.geometry import farthest_point_sample
+    points = torch.rand(4, 300, 3, device="cuda", generator=torch.Generator(device="cuda").manual_seed(5))
+    compiled = torch.compile(farthest_point_sample, fullgraph=True)
+    assert torch.equal(compiled(points, 20), farthest_point_sample_by_loop(points.double(), 20))
