@@ -1,28 +1,36 @@
 """Point-cloud geometry, batched, on any device: farthest point sampling, k nearest
 neighbours, gathering, and the nearest-neighbour distances Chamfer is built on.
 
-Nothing here loops over points in Python. Farthest point sampling of fp32 (or narrower)
-CUDA clouds is one Triton kernel in eager calls (kernels/fps.py); elsewhere it loops over
-the samples it draws, each step vectorised over the batch and all points. The distance functions loop over chunks of
-query points so that at most `max_elements` pairwise distances exist at once (a 16K x
-16K matrix would be 1 GiB per cloud in fp32): by default MAX_ELEMENTS on the CPU and
-MAX_ELEMENTS_CUDA on a GPU, where fewer, larger chunks save kernel launches. Chamfer's
-nearest neighbours come from open3d's k-d tree on the CPU (one search per cloud: it visits
-a few dozen candidates per point where the matmul form visits all of them) and, for the
-training loss's fp32 clouds on CUDA, from one Triton kernel (kernels/nearest.py: no
-pairwise matrix is written); the metrics' float64 clouds on CUDA take the matmul form.
+Nothing here loops over points in Python. Two Triton kernels serve eager calls on fp32 (or
+narrower) CUDA clouds (`on_kernels`): farthest point sampling (kernels/fps.py), which
+elsewhere loops over the samples it draws, each step vectorised over the batch and all
+points; and the training loss's nearest-neighbour search (kernels/nearest.py: no pairwise
+matrix is written). Elsewhere the nearest neighbours come from open3d's k-d tree on the
+CPU (one search per cloud: it visits a few dozen candidates per point where the matmul
+form visits all of them) and the matmul form on a GPU (the metrics' float64 clouds). The
+distance functions loop over chunks of query points so that at most `max_elements`
+pairwise distances exist at once (a 16K x 16K matrix would be 1 GiB per cloud in fp32):
+by default MAX_ELEMENTS on the CPU and MAX_ELEMENTS_CUDA on a GPU, where fewer, larger
+chunks save kernel launches.
 """
 
 import numpy as np
 import torch
 
-from ...kernels.backend import run_triton
+from ...kernels.backend import resolve_backend, run_triton
 from ...open3d import load as load_open3d
 
 # Pairwise distances held at once by the chunked functions: 64 MiB of fp32 on the CPU,
 # 1 GiB on a GPU.
 MAX_ELEMENTS = 1 << 24
 MAX_ELEMENTS_CUDA = 1 << 28
+
+
+def on_kernels(*clouds: torch.Tensor) -> bool:
+    """Whether the geometry kernels serve a call on these clouds: eager, CUDA, at most
+    fp32, and LAVO_TASKS_BACKEND (as for the attention ops) not set to torch."""
+    return (all(c.is_cuda and c.dtype != torch.float64 for c in clouds) and not torch.compiler.is_compiling()
+            and resolve_backend("auto", *clouds) == "triton")
 
 
 def default_max_elements(device: torch.device) -> int:
@@ -40,14 +48,14 @@ def gather_points(points: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 def farthest_point_sample(points: torch.Tensor, n_samples: int) -> torch.Tensor:
     """Indices [B, n_samples] of a greedy farthest point sampling of points [B, N, 3]:
     the first sample is point 0, each next one the point farthest from those chosen (the
-    lowest index among equally far points). Needs n_samples <= N. Eager calls on CUDA
-    clouds of at most fp32 are sampled by `farthest_point_sample_by_kernel`, the rest by
+    lowest index among equally far points). Needs n_samples <= N. Clouds that `on_kernels`
+    accepts are sampled by `farthest_point_sample_by_kernel`, the rest by
     `farthest_point_sample_by_loop`: torch.compile traces the loop, which keeps the
     model's forward one graph (the kernel is a plain Triton launch behind a fallback)."""
     n_points = points.shape[1]
     if not 1 <= n_samples <= n_points:
         raise ValueError(f"farthest_point_sample: n_samples={n_samples} must be in [1, {n_points}]")
-    if points.is_cuda and points.dtype != torch.float64 and not torch.compiler.is_compiling():
+    if on_kernels(points):
         return farthest_point_sample_by_kernel(points, n_samples)
     return farthest_point_sample_by_loop(points, n_samples)
 
@@ -147,15 +155,15 @@ def nearest_by_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def nearest_squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[B, N]: the squared distance from each point of a [B, N, 3] to its nearest point of
-    b [B, M, 3]. The nearest point is found without gradient (`nearest_by_tree` on the
-    CPU, `nearest_by_kernel` for CUDA clouds of at most fp32, `nearest_by_matmul` for
-    float64 ones, as the metrics pass, and on other devices); the distance is then
-    recomputed from the two points' difference, so it is exact (0 for a point of a that
-    is in b) and its gradient flows to both clouds."""
-    if a.device.type == "cpu":
-        nearest = nearest_by_tree(a, b)  # [B, N]
-    elif a.is_cuda and torch.float64 not in (a.dtype, b.dtype):
-        nearest = nearest_by_kernel(a, b)
+    b [B, M, 3]. The nearest point is found without gradient (`nearest_by_kernel` for
+    clouds that `on_kernels` accepts, `nearest_by_tree` on the CPU, `nearest_by_matmul`
+    for the rest: float64 CUDA clouds, as the metrics pass, and other devices); the
+    distance is then recomputed from the two points' difference, so it is exact (0 for a
+    point of a that is in b) and its gradient flows to both clouds."""
+    if on_kernels(a, b):
+        nearest = nearest_by_kernel(a, b)  # [B, N]
+    elif a.device.type == "cpu":
+        nearest = nearest_by_tree(a, b)
     else:
         nearest = nearest_by_matmul(a, b)
     return (a - gather_points(b, nearest)).square().sum(-1)

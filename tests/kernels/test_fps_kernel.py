@@ -75,19 +75,21 @@ def test_pcc_samples_through_the_kernel_and_falls_back_to_the_loop(monkeypatch):
 def test_on_cuda_the_kernel_draws_what_the_loop_draws(batch, n_points, n_samples):
     g = torch.Generator().manual_seed(n_points)
     points = torch.rand(batch, n_points, 3, generator=g).cuda()
-    assert torch.equal(farthest_point_indices(points, n_samples), farthest_point_sample_by_loop(points.double(), n_samples))
+    reference = farthest_point_sample_by_loop(points.double(), n_samples)
+    assert torch.equal(farthest_point_indices(points, n_samples), reference)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_cuda_equally_far_points_give_the_lowest_index():
     points = grids("cuda")
-    assert torch.equal(farthest_point_indices(points, 25).cpu(), farthest_point_sample_by_loop(points.double().cpu(), 25))
+    reference = farthest_point_sample_by_loop(points.double().cpu(), 25)
+    assert torch.equal(farthest_point_indices(points, 25).cpu(), reference)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_fp32_cuda_clouds_take_the_kernel_and_float64_ones_the_loop(monkeypatch):
+def test_fp32_cuda_clouds_take_the_kernel_and_float64_ones_or_backend_torch_the_loop(monkeypatch):
     from lavo_tasks.kernels import fps
     from lavo_tasks.tasks.pcc import geometry
     calls, kernel, loop = [], fps.farthest_point_indices, geometry.farthest_point_sample_by_loop
@@ -96,7 +98,9 @@ def test_fp32_cuda_clouds_take_the_kernel_and_float64_ones_the_loop(monkeypatch)
     points = torch.rand(2, 70, 3, device="cuda")
     assert torch.equal(geometry.farthest_point_sample(points, 9), loop(points.double(), 9))
     geometry.farthest_point_sample(points.double(), 9)
-    assert calls == ["kernel", "loop"]
+    monkeypatch.setenv("LAVO_TASKS_BACKEND", "torch")  # as for the attention ops: the PyTorch forms
+    geometry.farthest_point_sample(points, 9)
+    assert calls == ["kernel", "loop", "loop"]
 
 
 @pytest.mark.gpu

@@ -85,7 +85,7 @@ def test_chamfer_on_cuda_matches_the_full_search():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_fp32_cuda_clouds_take_the_kernel_and_float64_ones_the_matmul_form(monkeypatch):
+def test_fp32_cuda_clouds_take_the_kernel_and_float64_ones_or_backend_torch_the_matmul_form(monkeypatch):
     from lavo_tasks.kernels import nearest
     from lavo_tasks.tasks.pcc import geometry
     calls, kernel, matmul = [], nearest.nearest_index, geometry.nearest_by_matmul
@@ -95,4 +95,6 @@ def test_fp32_cuda_clouds_take_the_kernel_and_float64_ones_the_matmul_form(monke
     a, b = torch.rand(1, 50, 3, device="cuda"), torch.rand(1, 60, 3, device="cuda")
     geometry.nearest_squared_distances(a, b)
     geometry.nearest_squared_distances(a.double(), b.double())
-    assert calls == ["kernel", "matmul"]
+    monkeypatch.setenv("LAVO_TASKS_BACKEND", "torch")  # as for the attention ops: the PyTorch forms
+    geometry.nearest_squared_distances(a, b)
+    assert calls == ["kernel", "matmul", "matmul"]
