@@ -1,17 +1,17 @@
 """Point-cloud geometry, batched, on any device: farthest point sampling, k nearest
 neighbours, gathering, and the nearest-neighbour distances Chamfer is built on.
 
-Nothing here loops over points in Python. Two Triton kernels serve eager calls on fp32 (or
-narrower) CUDA clouds (`on_kernels`): farthest point sampling (kernels/fps.py), which
-elsewhere loops over the samples it draws, each step vectorised over the batch and all
-points; and the training loss's nearest-neighbour search (kernels/nearest.py: no pairwise
-matrix is written). Elsewhere the nearest neighbours come from open3d's k-d tree on the
-CPU (one search per cloud: it visits a few dozen candidates per point where the matmul
-form visits all of them) and the matmul form on a GPU (the metrics' float64 clouds). The
-distance functions loop over chunks of query points so that at most `max_elements`
-pairwise distances exist at once (a 16K x 16K matrix would be 1 GiB per cloud in fp32):
-by default MAX_ELEMENTS on the CPU and MAX_ELEMENTS_CUDA on a GPU, where fewer, larger
-chunks save kernel launches.
+Nothing here loops over points in Python. Two Triton kernels, each a custom operator that
+torch.compile keeps whole, serve fp32 (or narrower) CUDA clouds (`on_kernels`): farthest
+point sampling (kernels/fps.py), which elsewhere loops over the samples it draws, each
+step vectorised over the batch and all points; and the training loss's nearest-neighbour
+search (kernels/nearest.py: no pairwise matrix is written). Elsewhere the nearest
+neighbours come from open3d's k-d tree on the CPU (one search per cloud: it visits a few
+dozen candidates per point where the matmul form visits all of them) and the matmul form
+on a GPU (the metrics' float64 clouds). The distance functions loop over chunks of query
+points so that at most `max_elements` pairwise distances exist at once (a 16K x 16K
+matrix would be 1 GiB per cloud in fp32): by default MAX_ELEMENTS on the CPU and
+MAX_ELEMENTS_CUDA on a GPU, where fewer, larger chunks save kernel launches.
 """
 
 import numpy as np
@@ -27,9 +27,9 @@ MAX_ELEMENTS_CUDA = 1 << 28
 
 
 def on_kernels(*clouds: torch.Tensor) -> bool:
-    """Whether the geometry kernels serve a call on these clouds: eager, CUDA, at most
-    fp32, and LAVO_TASKS_BACKEND (as for the attention ops) not set to torch."""
-    return (all(c.is_cuda and c.dtype != torch.float64 for c in clouds) and not torch.compiler.is_compiling()
+    """Whether the geometry kernels serve a call on these clouds: CUDA, at most fp32, and
+    LAVO_TASKS_BACKEND (as for the attention ops) not set to torch."""
+    return (all(c.is_cuda and c.dtype != torch.float64 for c in clouds)
             and resolve_backend("auto", *clouds) == "triton")
 
 
@@ -50,8 +50,7 @@ def farthest_point_sample(points: torch.Tensor, n_samples: int) -> torch.Tensor:
     the first sample is point 0, each next one the point farthest from those chosen (the
     lowest index among equally far points). Needs n_samples <= N. Clouds that `on_kernels`
     accepts are sampled by `farthest_point_sample_by_kernel`, the rest by
-    `farthest_point_sample_by_loop`: torch.compile traces the loop, which keeps the
-    model's forward one graph (the kernel is a plain Triton launch behind a fallback)."""
+    `farthest_point_sample_by_loop`."""
     n_points = points.shape[1]
     if not 1 <= n_samples <= n_points:
         raise ValueError(f"farthest_point_sample: n_samples={n_samples} must be in [1, {n_points}]")
@@ -77,15 +76,22 @@ def farthest_point_sample_by_loop(points: torch.Tensor, n_samples: int) -> torch
     return chosen
 
 
+@torch.library.custom_op("lavo_tasks::farthest_point_sample", mutates_args=())
 def farthest_point_sample_by_kernel(points: torch.Tensor, n_samples: int) -> torch.Tensor:
     """`farthest_point_sample` in one Triton launch (kernels/fps.py: one program per
     cloud), comparing in fp32; where Triton cannot be imported or a cloud holds more points
-    than the kernel does, the loop with a RuntimeWarning."""
+    than the kernel does, the loop with a RuntimeWarning. A custom operator, so that
+    torch.compile keeps it as one node of pcc's forward graph."""
     def kernel():
         from ...kernels.fps import farthest_point_indices  # imports Triton: only where it runs
         return farthest_point_indices(points, n_samples)
     return run_triton("auto", "farthest_point_sample_by_kernel", kernel,
                       lambda: farthest_point_sample_by_loop(points, n_samples))
+
+
+@farthest_point_sample_by_kernel.register_fake
+def _(points, n_samples):
+    return points.new_empty(points.shape[0], n_samples, dtype=torch.long)
 
 
 def _chunk_rows(batch: int, n_candidates: int, max_elements: int | None, device: torch.device) -> int:
@@ -143,14 +149,20 @@ def nearest_by_tree(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(nearest)
 
 
+@torch.library.custom_op("lavo_tasks::nearest_index", mutates_args=())
 def nearest_by_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`nearest_by_matmul` for fp32 / bf16 / fp16 CUDA clouds through one Triton kernel
     (kernels/nearest.py), searched in fp32; where Triton cannot be imported, the matmul
-    form with a RuntimeWarning."""
+    form with a RuntimeWarning. A custom operator, as `farthest_point_sample_by_kernel`."""
     def kernel():
         from ...kernels.nearest import nearest_index  # imports Triton: only where it runs
         return nearest_index(a, b)
     return run_triton("auto", "nearest_by_kernel", kernel, lambda: nearest_by_matmul(a, b))
+
+
+@nearest_by_kernel.register_fake
+def _(a, b):
+    return a.new_empty(a.shape[:2], dtype=torch.long)
 
 
 def nearest_squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -161,7 +173,7 @@ def nearest_squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     distance is then recomputed from the two points' difference, so it is exact (0 for a
     point of a that is in b) and its gradient flows to both clouds."""
     if on_kernels(a, b):
-        nearest = nearest_by_kernel(a, b)  # [B, N]
+        nearest = nearest_by_kernel(a.detach(), b.detach())  # [B, N]
     elif a.device.type == "cpu":
         nearest = nearest_by_tree(a, b)
     else:

@@ -69,6 +69,14 @@ def test_pcc_samples_through_the_kernel_and_falls_back_to_the_loop(monkeypatch):
         assert torch.equal(farthest_point_sample_by_kernel(points, 8), farthest_point_sample_by_loop(points, 8))
 
 
+def test_the_kernel_op_compiles_as_one_graph():
+    """torch.compile with fullgraph traces the custom operator as one node (here with
+    the eager backend on the CPU, the kernel through the interpreter)."""
+    points = torch.rand(2, 60, 3, generator=torch.Generator().manual_seed(6))
+    compiled = torch.compile(farthest_point_sample_by_kernel, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(points, 8), farthest_point_sample_by_loop(points.double(), 8))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("batch, n_points, n_samples", [(32, 2048, 128), (4, 16384, 64), (3, 1000, 1000)])
@@ -106,7 +114,7 @@ def test_fp32_cuda_clouds_take_the_kernel_and_float64_ones_or_backend_torch_the_
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_sampling_is_one_graph_and_draws_the_same_points():
-    """torch.compile traces the loop (the kernel is an eager path only), so pcc's compiled
+    """The kernel is a custom operator: Inductor keeps it as one node, and pcc's compiled
     forward stays one graph."""
     from lavo_tasks.tasks.pcc.geometry import farthest_point_sample
     points = torch.rand(4, 300, 3, device="cuda", generator=torch.Generator(device="cuda").manual_seed(5))

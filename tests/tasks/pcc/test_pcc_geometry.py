@@ -121,6 +121,15 @@ def test_without_triton_the_kernel_search_takes_the_matmul_form(monkeypatch):
     torch.testing.assert_close(found, brute_nearest_squared(a, b), rtol=1e-5, atol=1e-9)
 
 
+def test_the_kernel_search_compiles_as_one_graph():
+    """As FPS's: the search is a custom operator that fullgraph compiles trace whole
+    (here with the eager backend on the CPU, the kernel through the interpreter)."""
+    g = torch.Generator().manual_seed(9)
+    a, b = torch.rand(2, 30, 3, generator=g), torch.rand(2, 20, 3, generator=g)
+    nearest = torch.compile(nearest_by_kernel, fullgraph=True, backend="aot_eager")(a, b)
+    torch.testing.assert_close(squared_at(a, b, nearest), brute_nearest_squared(a, b), rtol=1e-5, atol=1e-9)
+
+
 def test_the_tree_search_takes_bf16_clouds_and_one_point_clouds():
     a = torch.tensor([[[0.0, 0, 0], [2, 0, 0]]], dtype=torch.bfloat16)
     b = torch.tensor([[[1.5, 0, 0]]], dtype=torch.bfloat16)
