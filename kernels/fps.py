@@ -1,5 +1,5 @@
 """Farthest point sampling in one Triton kernel: `farthest_point_indices`, what pcc's
-model runs eagerly on CUDA clouds (tasks/pcc/geometry.py's `farthest_point_sample`).
+model runs on CUDA clouds (tasks/pcc/geometry.py's `farthest_point_sample`).
 
 The PyTorch loop it replaces there launches about seven kernels per sample drawn (the
 latest sample's point, the differences, their squares and sums, the running minimum, its

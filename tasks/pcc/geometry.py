@@ -1,8 +1,8 @@
 """Point-cloud geometry, batched, on any device: farthest point sampling, k nearest
 neighbours, gathering, and the nearest-neighbour distances Chamfer is built on.
 
-Nothing here loops over points in Python. Two Triton kernels, each a custom operator that
-torch.compile keeps whole, serve fp32 (or narrower) CUDA clouds (`on_kernels`): farthest
+Nothing here loops over points in Python. Two Triton kernels serve fp32 (or narrower)
+CUDA clouds (`on_kernels`; under torch.compile each is one custom-operator node): farthest
 point sampling (kernels/fps.py), which elsewhere loops over the samples it draws, each
 step vectorised over the batch and all points; and the training loss's nearest-neighbour
 search (kernels/nearest.py: no pairwise matrix is written). Elsewhere the nearest
@@ -28,7 +28,8 @@ MAX_ELEMENTS_CUDA = 1 << 28
 
 def on_kernels(*clouds: torch.Tensor) -> bool:
     """Whether the geometry kernels serve a call on these clouds: CUDA, at most fp32, and
-    LAVO_TASKS_BACKEND (as for the attention ops) not set to torch."""
+    LAVO_TASKS_BACKEND (as for the attention ops) not set to torch; torch.compile reads
+    the variable when it traces, so set it before compiling."""
     return (all(c.is_cuda and c.dtype != torch.float64 for c in clouds)
             and resolve_backend("auto", *clouds) == "triton")
 
@@ -54,8 +55,9 @@ def farthest_point_sample(points: torch.Tensor, n_samples: int) -> torch.Tensor:
     n_points = points.shape[1]
     if not 1 <= n_samples <= n_points:
         raise ValueError(f"farthest_point_sample: n_samples={n_samples} must be in [1, {n_points}]")
-    if on_kernels(points):
-        return farthest_point_sample_by_kernel(points, n_samples)
+    if on_kernels(points):  # the operator while torch.compile traces: one graph node
+        sample = farthest_point_sample_op if torch.compiler.is_compiling() else farthest_point_sample_by_kernel
+        return sample(points, n_samples)
     return farthest_point_sample_by_loop(points, n_samples)
 
 
@@ -76,12 +78,10 @@ def farthest_point_sample_by_loop(points: torch.Tensor, n_samples: int) -> torch
     return chosen
 
 
-@torch.library.custom_op("lavo_tasks::farthest_point_sample", mutates_args=())
 def farthest_point_sample_by_kernel(points: torch.Tensor, n_samples: int) -> torch.Tensor:
     """`farthest_point_sample` in one Triton launch (kernels/fps.py: one program per
     cloud), comparing in fp32; where Triton cannot be imported or a cloud holds more points
-    than the kernel does, the loop with a RuntimeWarning. A custom operator, so that
-    torch.compile keeps it as one node of pcc's forward graph."""
+    than the kernel does, the loop with a RuntimeWarning."""
     def kernel():
         from ...kernels.fps import farthest_point_indices  # imports Triton: only where it runs
         return farthest_point_indices(points, n_samples)
@@ -89,7 +89,15 @@ def farthest_point_sample_by_kernel(points: torch.Tensor, n_samples: int) -> tor
                       lambda: farthest_point_sample_by_loop(points, n_samples))
 
 
-@farthest_point_sample_by_kernel.register_fake
+@torch.library.custom_op("lavo_tasks::farthest_point_sample", mutates_args=())
+def farthest_point_sample_op(points: torch.Tensor, n_samples: int) -> torch.Tensor:
+    """`farthest_point_sample_by_kernel` as a custom operator, which torch.compile keeps as
+    one node of the graph; eager calls skip the operator's dispatch, as the attention
+    ops' do."""
+    return farthest_point_sample_by_kernel(points, n_samples)
+
+
+@farthest_point_sample_op.register_fake
 def _(points, n_samples):
     return points.new_empty(points.shape[0], n_samples, dtype=torch.long)
 
@@ -149,18 +157,24 @@ def nearest_by_tree(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(nearest)
 
 
-@torch.library.custom_op("lavo_tasks::nearest_index", mutates_args=())
 def nearest_by_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`nearest_by_matmul` for fp32 / bf16 / fp16 CUDA clouds through one Triton kernel
     (kernels/nearest.py), searched in fp32; where Triton cannot be imported, the matmul
-    form with a RuntimeWarning. A custom operator, as `farthest_point_sample_by_kernel`."""
+    form with a RuntimeWarning."""
     def kernel():
         from ...kernels.nearest import nearest_index  # imports Triton: only where it runs
         return nearest_index(a, b)
     return run_triton("auto", "nearest_by_kernel", kernel, lambda: nearest_by_matmul(a, b))
 
 
-@nearest_by_kernel.register_fake
+@torch.library.custom_op("lavo_tasks::nearest_index", mutates_args=())
+def nearest_by_kernel_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`nearest_by_kernel` as a custom operator, for torch.compile (as
+    `farthest_point_sample_op`)."""
+    return nearest_by_kernel(a, b)
+
+
+@nearest_by_kernel_op.register_fake
 def _(a, b):
     return a.new_empty(a.shape[:2], dtype=torch.long)
 
@@ -172,8 +186,9 @@ def nearest_squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     for the rest: float64 CUDA clouds, as the metrics pass, and other devices); the
     distance is then recomputed from the two points' difference, so it is exact (0 for a
     point of a that is in b) and its gradient flows to both clouds."""
-    if on_kernels(a, b):
-        nearest = nearest_by_kernel(a.detach(), b.detach())  # [B, N]
+    if on_kernels(a, b):  # the operator while torch.compile traces: one graph node
+        search = nearest_by_kernel_op if torch.compiler.is_compiling() else nearest_by_kernel
+        nearest = search(a.detach(), b.detach())  # [B, N]
     elif a.device.type == "cpu":
         nearest = nearest_by_tree(a, b)
     else:

@@ -69,11 +69,17 @@ def test_pcc_samples_through_the_kernel_and_falls_back_to_the_loop(monkeypatch):
         assert torch.equal(farthest_point_sample_by_kernel(points, 8), farthest_point_sample_by_loop(points, 8))
 
 
-def test_the_kernel_op_compiles_as_one_graph():
-    """torch.compile with fullgraph traces the custom operator as one node (here with
-    the eager backend on the CPU, the kernel through the interpreter)."""
+def test_compiled_sampling_takes_the_kernel_as_one_operator(monkeypatch):
+    """While torch.compile traces, the kernel path is the custom operator: a fullgraph
+    compile of `farthest_point_sample` (the eager backend on the CPU, the kernel through
+    the interpreter, `on_kernels` forced true) neither breaks the graph nor changes a
+    sample. opcheck tests the operator's schema and fake."""
+    from lavo_tasks.tasks.pcc import geometry
     points = torch.rand(2, 60, 3, generator=torch.Generator().manual_seed(6))
-    compiled = torch.compile(farthest_point_sample_by_kernel, fullgraph=True, backend="aot_eager")
+    torch.library.opcheck(geometry.farthest_point_sample_op, (points, 8),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    monkeypatch.setattr(geometry, "on_kernels", lambda *clouds: True)
+    compiled = torch.compile(geometry.farthest_point_sample, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(points, 8), farthest_point_sample_by_loop(points.double(), 8))
 
 
@@ -114,8 +120,8 @@ def test_fp32_cuda_clouds_take_the_kernel_and_float64_ones_or_backend_torch_the_
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_sampling_is_one_graph_and_draws_the_same_points():
-    """The kernel is a custom operator: Inductor keeps it as one node, and pcc's compiled
-    forward stays one graph."""
+    """Inductor keeps the kernel's custom operator as one node, so pcc's compiled forward
+    stays one graph."""
     from lavo_tasks.tasks.pcc.geometry import farthest_point_sample
     points = torch.rand(4, 300, 3, device="cuda", generator=torch.Generator(device="cuda").manual_seed(5))
     compiled = torch.compile(farthest_point_sample, fullgraph=True)

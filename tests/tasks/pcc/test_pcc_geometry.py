@@ -121,13 +121,18 @@ def test_without_triton_the_kernel_search_takes_the_matmul_form(monkeypatch):
     torch.testing.assert_close(found, brute_nearest_squared(a, b), rtol=1e-5, atol=1e-9)
 
 
-def test_the_kernel_search_compiles_as_one_graph():
-    """As FPS's: the search is a custom operator that fullgraph compiles trace whole
-    (here with the eager backend on the CPU, the kernel through the interpreter)."""
+def test_compiled_distances_take_the_kernel_search_as_one_operator(monkeypatch):
+    """As FPS's (tests/kernels/test_fps_kernel.py): a fullgraph compile of the distances
+    with `on_kernels` forced true runs the search's custom operator, on the CPU through
+    the interpreter."""
+    from lavo_tasks.tasks.pcc import geometry
     g = torch.Generator().manual_seed(9)
     a, b = torch.rand(2, 30, 3, generator=g), torch.rand(2, 20, 3, generator=g)
-    nearest = torch.compile(nearest_by_kernel, fullgraph=True, backend="aot_eager")(a, b)
-    torch.testing.assert_close(squared_at(a, b, nearest), brute_nearest_squared(a, b), rtol=1e-5, atol=1e-9)
+    torch.library.opcheck(geometry.nearest_by_kernel_op, (a, b),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    monkeypatch.setattr(geometry, "on_kernels", lambda *clouds: True)
+    compiled = torch.compile(geometry.nearest_squared_distances, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(a, b).double(), brute_nearest_squared(a, b), rtol=1e-5, atol=1e-9)
 
 
 def test_the_tree_search_takes_bf16_clouds_and_one_point_clouds():
