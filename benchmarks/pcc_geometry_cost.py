@@ -31,7 +31,7 @@ import triton
 
 from lavo_tasks.kernels import nearest
 from lavo_tasks.kernels import fps
-from lavo_tasks.tasks.pcc.geometry import farthest_point_sample_by_loop, gather_points, nearest_by_matmul
+from lavo_tasks.tasks.pcc.geometry import farthest_point_sample_by_loop, nearest_by_matmul, squared_distances_at
 
 # (batch, n, m): the dense prediction against the truth (cab: 14,336 folded points plus the
 # 2,048 input points; 16,384 true points; the other way has the same shape), then the
@@ -45,10 +45,6 @@ FPS_SHAPES = [(16, 512, 64), (32, 2048, 128)]
 
 def median_ms(call) -> float:
     return triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
-
-
-def found_distances(a, b, index):
-    return (a - gather_points(b, index)).square().sum(-1)
 
 
 def nearest_rows():
@@ -66,7 +62,7 @@ def nearest_rows():
                       if setting else contextlib.nullcontext())
             with launch:
                 search = nearest_by_matmul if setting is None else nearest.nearest_index
-                found[name] = found_distances(a, b, search(a, b))
+                found[name] = squared_distances_at(a, b, search(a, b))
                 times[name] = median_ms(lambda: search(a, b))
         best = torch.stack(list(found.values())).min(dim=0).values
         for name, _ in searches:

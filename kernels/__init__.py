@@ -4,7 +4,8 @@
 otherwise (see `backend.resolve_backend`). The math is docs/design.md §2; the
 slow token-loop references the tests compare against are in `lavo/reference.py` and
 `gsa/reference.py`. Tasks never import the attention functions from here: they use
-`lavo_tasks.attention`. (Point-cloud completion's geometry runs `nearest.py` directly.)
+`lavo_tasks.attention`. (Point-cloud completion's geometry runs `nearest.py` and `fps.py`
+directly.)
 """
 
 from .backend import resolve_backend

@@ -102,6 +102,12 @@ def _(points, n_samples):
     return points.new_empty(points.shape[0], n_samples, dtype=torch.long)
 
 
+def squared_distances_at(a: torch.Tensor, b: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[B, N]: the squared distance from each point of a [B, N, 3] to b's point at index
+    [B, N], differentiable in both clouds."""
+    return (a - gather_points(b, index)).square().sum(-1)
+
+
 def _chunk_rows(batch: int, n_candidates: int, max_elements: int | None, device: torch.device) -> int:
     budget = default_max_elements(device) if max_elements is None else max_elements
     return max(1, budget // max(batch * n_candidates, 1))
@@ -193,7 +199,7 @@ def nearest_squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         nearest = nearest_by_tree(a, b)
     else:
         nearest = nearest_by_matmul(a, b)
-    return (a - gather_points(b, nearest)).square().sum(-1)
+    return squared_distances_at(a, b, nearest)
 
 
 def chamfer_squared(prediction: torch.Tensor, truth: torch.Tensor):
